@@ -1,0 +1,265 @@
+"""Checkpoints: atomic writes with a sha256, resume state inside the file, newest-good lookup.
+
+File layout in `{output_dir}/ckpt/`:
+    {prefix}_rank{r}-{epoch}_{step}.ckpt        MindSpore checkpoint; epoch, step, global_step and
+                                               config_hash are stored inside (append_dict)
+    {prefix}_rank{r}-{epoch}_{step}.ckpt.json  sidecar: sha256 of the .ckpt plus a copy of the state,
+                                               so listing and ordering never open (or parse names of)
+                                               the big files
+
+A checkpoint counts as good only when its sidecar exists and the sha256 matches. The sidecar is
+renamed into place last, so a crash at any point leaves either a complete pair or an ignorable tmp.
+"""
+import glob
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+from msdist.errors import CheckpointError
+
+_logger = logging.getLogger(__name__)
+
+STATE_KEYS = ("epoch", "step", "global_step", "config_hash")
+MAX_CHECKPOINT_BYTES = 8 << 30   # refuse absurd files before reading them
+_SUFFIXES = (".ckpt", ".safetensors")
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: str
+    epoch: int          # epochs completed
+    step: int           # step within the epoch at save time
+    global_step: int    # optimizer steps completed
+    config_hash: str
+
+
+def file_name(prefix: str, rank: int, epoch: int, step: int) -> str:
+    return f"{prefix}_rank{rank}-{epoch}_{step}.ckpt"
+
+
+def sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(tmp: str, final: str) -> None:
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(os.path.dirname(final) or ".")
+
+
+def save(params: List[dict], directory: str, prefix: str, rank: int, state: Dict) -> CheckpointInfo:
+    """Write `params` ([{'name', 'data'}]) and `state` atomically; return what was written.
+
+    The previous checkpoints are untouched here; `prune` removes old ones only afterwards.
+    """
+    import mindspore as ms
+
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, file_name(prefix, rank, state["epoch"], state["step"]))
+    # Hidden, and ending in .ckpt because save_checkpoint appends that suffix otherwise.
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.ckpt")
+    # async_save stays off: the rename below must follow a finished write.
+    ms.save_checkpoint(params, tmp, append_dict={k: state[k] for k in STATE_KEYS})
+    _write_durably(tmp, path)
+    sidecar = {"sha256": sha256_file(path), **{k: state[k] for k in STATE_KEYS}}
+    with open(f"{path}.json.tmp", "w", encoding="utf-8") as f:
+        json.dump(sidecar, f)
+    _write_durably(f"{path}.json.tmp", f"{path}.json")
+    return CheckpointInfo(path, state["epoch"], state["step"], state["global_step"], state["config_hash"])
+
+
+def _read_sidecar(path: str) -> Optional[dict]:
+    try:
+        with open(f"{path}.json", encoding="utf-8") as f:
+            data = json.load(f)
+        return data if all(k in data for k in ("sha256",) + STATE_KEYS) else None
+    except (OSError, ValueError):
+        return None
+
+
+def list_checkpoints(directory: str, prefix: str, rank: int) -> List[CheckpointInfo]:
+    """This rank's checkpoints that have a sidecar, newest (highest global step) first. Not verified."""
+    found = []
+    for path in glob.glob(os.path.join(glob.escape(directory), f"{glob.escape(prefix)}_rank{rank}-*.ckpt")):
+        meta = _read_sidecar(path)
+        if meta is None:
+            _logger.warning("checkpoint %s has no valid sidecar %s.json (interrupted save?); ignoring it", path, path)
+            continue
+        found.append(CheckpointInfo(path, int(meta["epoch"]), int(meta["step"]), int(meta["global_step"]),
+                                    str(meta["config_hash"])))
+    return sorted(found, key=lambda c: c.global_step, reverse=True)
+
+
+def verify(path: str) -> Optional[str]:
+    """None when `path` matches its recorded sha256, else the reason it does not."""
+    meta = _read_sidecar(path)
+    if meta is None:
+        return "no sidecar with a sha256"
+    try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+    if size == 0:
+        return "zero bytes"
+    if sha256_file(path) != meta["sha256"]:
+        return "sha256 mismatch (truncated or corrupt)"
+    return None
+
+
+def latest_good(directory: str, prefix: str, rank: int, at_most_step: Optional[int] = None) -> Optional[CheckpointInfo]:
+    """The newest checkpoint of this rank that verifies, skipping (with a warning) corrupt ones.
+
+    Args:
+        at_most_step: ignore checkpoints past this global step (used to agree across ranks).
+    """
+    for info in list_checkpoints(directory, prefix, rank):
+        if at_most_step is not None and info.global_step > at_most_step:
+            continue
+        problem = verify(info.path)
+        if problem is None:
+            return info
+        _logger.warning("skipping checkpoint %s: %s; trying the previous one", info.path, problem)
+    return None
+
+
+def prune(directory: str, prefix: str, rank: int, keep: int) -> None:
+    """Delete all but this rank's newest `keep` checkpoints (call after a save is durable)."""
+    for info in list_checkpoints(directory, prefix, rank)[keep:]:
+        for path in (info.path, f"{info.path}.json"):
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+
+
+def load(path: str, expected: Dict[str, tuple]) -> Dict:
+    """Read a checkpoint after checking its integrity and that it fits the model.
+
+    Args:
+        path: a MindSpore .ckpt (protobuf) or .safetensors file.
+        expected: parameter name -> (shape, dtype string) of everything that must be restored.
+
+    Returns:
+        {'params': {name: Parameter}, 'state': {epoch, step, global_step, config_hash} (may be empty)}
+
+    Raises:
+        CheckpointError: wrong format, too large, corrupt, or names/shapes/dtypes that do not match.
+    """
+    import mindspore as ms
+
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {path} not found")
+    if not path.endswith(_SUFFIXES):
+        raise CheckpointError(f"{path} is not a MindSpore .ckpt or .safetensors file; only those are loaded "
+                              "(never pickle)")
+    if os.path.getsize(path) > MAX_CHECKPOINT_BYTES:
+        raise CheckpointError(f"{path} is {os.path.getsize(path) >> 20} MiB, over the "
+                              f"{MAX_CHECKPOINT_BYTES >> 20} MiB cap; is it really a checkpoint of this model?")
+    if os.path.exists(f"{path}.json"):
+        problem = verify(path)
+        if problem:
+            raise CheckpointError(f"checkpoint {path} failed its integrity check: {problem}")
+    try:
+        raw = ms.load_checkpoint(path, format="safetensors" if path.endswith(".safetensors") else "ckpt")
+    except Exception as e:  # noqa: BLE001 - MindSpore raises several types for unreadable files
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"cannot read checkpoint {path}: {first}") from None
+    state = {k: _scalar(raw.pop(k)) for k in STATE_KEYS if k in raw}
+    _check_fits(path, raw, expected)
+    return {"params": raw, "state": state}
+
+
+def _scalar(value):
+    if hasattr(value, "asnumpy"):
+        value = value.asnumpy().item()
+    return value
+
+
+def _check_fits(path: str, params: Dict, expected: Dict[str, tuple]) -> None:
+    problems = []
+    missing = sorted(set(expected) - set(params))
+    unexpected = sorted(set(params) - set(expected))
+    if missing:
+        problems.append(f"missing {len(missing)} parameter(s): {', '.join(missing[:5])}")
+    if unexpected:
+        problems.append(f"unexpected {len(unexpected)} parameter(s): {', '.join(unexpected[:5])}")
+    for name in sorted(set(params) & set(expected)):
+        shape, dtype = tuple(params[name].shape), str(params[name].dtype)
+        want_shape, want_dtype = expected[name]
+        if shape != tuple(want_shape) or dtype != want_dtype:
+            problems.append(f"{name} is {dtype}{list(shape)}, model needs {want_dtype}{list(want_shape)}")
+    if problems:
+        raise CheckpointError(f"checkpoint {path} does not fit the model: {'; '.join(problems[:6])}")
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    epoch: int = 0          # 0-based epoch to run first
+    skip_steps: int = 0     # steps of that epoch already done
+    global_step: int = 0
+
+
+def _agreed_checkpoint(directory: str, prefix: str, rank: int, collectives) -> Optional[CheckpointInfo]:
+    """Every rank's newest good checkpoint, lowered to the newest step that all ranks have."""
+    mine = latest_good(directory, prefix, rank)
+    steps = collectives.gather([mine.global_step if mine else -1])[:, 0]
+    agreed = int(steps.min())
+    if agreed < 0:
+        if mine is not None or steps.max() >= 0:
+            _logger.warning("resume auto: some ranks have no good checkpoint (global steps %s); starting fresh",
+                            steps.astype(int).tolist())
+        return None
+    info = mine if mine.global_step == agreed else latest_good(directory, prefix, rank, at_most_step=agreed)
+    if info is None or info.global_step != agreed:
+        raise CheckpointError(f"ranks agreed to resume from global step {agreed}, but rank {rank} has no good "
+                              f"checkpoint at that step in {directory}; raise keep_checkpoint_max or start fresh")
+    return info
+
+
+def resume_state(resume: str, directory: str, prefix: str, rank: int, collectives, train_cell, params,
+                 config_hash: str, steps_per_epoch: int) -> StartPoint:
+    """Restore weights, optimizer state and LR position; return where training continues.
+
+    Args:
+        resume: "" (fresh start), "auto" (newest checkpoint every rank has) or a checkpoint path.
+        params: the Parameters a checkpoint holds (model, optimizer moments, global step).
+    """
+    import mindspore as ms
+
+    if not resume:
+        return StartPoint()
+    if resume == "auto":
+        info = _agreed_checkpoint(directory, prefix, rank, collectives)
+        if info is None:
+            _logger.info("resume auto: no checkpoint in %s yet; starting fresh", directory)
+            return StartPoint()
+        path = info.path
+    else:
+        path = resume
+    loaded = load(path, {p.name: (tuple(p.shape), str(p.dtype)) for p in params})
+    ms.load_param_into_net(train_cell, loaded["params"], strict_load=True)
+    state = loaded["state"]
+    if state.get("config_hash") not in (None, config_hash):
+        _logger.warning("resuming from %s, which was written with a different config (hash %s, now %s)",
+                        path, state["config_hash"], config_hash)
+    global_step = int(state.get("global_step", 0))
+    epoch, skip = divmod(global_step, steps_per_epoch)
+    _logger.info("resumed from %s: epoch %d, step %d of %d, global step %d", path, epoch, skip, steps_per_epoch,
+                 global_step)
+    return StartPoint(epoch=epoch, skip_steps=skip, global_step=global_step)

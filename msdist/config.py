@@ -1,0 +1,214 @@
+"""The option schema, YAML + `--key value` merging, and validation.
+
+argparse is the schema: every option is declared once below with its type,
+default and help. A YAML file only changes defaults, and the command line wins
+over YAML. Unknown keys in either place are errors with a did-you-mean. Every
+error is one line on stderr and exit status 2 (`ConfigError`), never a
+traceback.
+"""
+import argparse
+import difflib
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import yaml
+
+from msdist.errors import ConfigError
+
+
+def boolean(text: str) -> bool:
+    """`true/false` (also yes/no, on/off, 1/0) from the command line or YAML."""
+    low = str(text).strip().lower()
+    if low in ("true", "1", "yes", "on"):
+        return True
+    if low in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    type: Callable[[str], Any]
+    default: Any
+    help: str
+    choices: Optional[Sequence[Any]] = None
+    min: Optional[float] = None        # inclusive lower bound
+    above: Optional[float] = None      # exclusive lower bound
+    max: Optional[float] = None        # inclusive upper bound
+    hashed: bool = True                # part of the config hash stored in checkpoints
+
+
+def _opt(name, type_, default, help_, **kw) -> Option:
+    return Option(name, type_, default, help_, **kw)
+
+
+TRAIN_OPTIONS = [
+    # data
+    _opt("data_dir", str, "", "ImageFolder root holding Training/ and Test/ (one folder per class)", hashed=False),
+    _opt("image_size", int, 100, "square input resolution the images are resized to", min=8),
+    _opt("num_classes", int, 0, "number of classes; 0 takes it from Training/", min=0),
+    _opt("augment", boolean, True, "random crop with padding + horizontal flip on training images"),
+    _opt("crop_padding", int, 4, "pixels of zero padding around the image before the random crop", min=0),
+    _opt("shuffle", boolean, True, "reshuffle the training set every epoch (same permutation on every rank)"),
+    _opt("num_workers", int, 0, "dataset map workers per rank; 0 derives it from the cores per rank", min=0),
+    # model
+    _opt("model", str, "resnet50", "model name from the models registry (resnet18/34/50/101, resnet_tiny)"),
+    _opt("zero_init_last_bn", boolean, False, "start every residual block's last BN gamma at zero"),
+    _opt("sync_bn", boolean, False, "normalize BatchNorm over the global batch (all ranks) instead of per rank"),
+    # optimization
+    _opt("epochs", int, 10, "number of training epochs", min=1),
+    _opt("max_steps", int, 0, "stop after this many optimizer steps in total; 0 = no limit", min=0),
+    _opt("batch_size", int, 32, "GLOBAL batch size, split evenly over the ranks", min=1),
+    _opt("lr", float, 0.01, "base learning rate", above=0),
+    _opt("scale_lr", boolean, False, "multiply lr by the world size (linear scaling rule)"),
+    _opt("lr_schedule", str, "constant", "learning-rate schedule", choices=("constant", "step", "cosine")),
+    _opt("warmup_epochs", float, 0.0, "linear warmup from 0 over this many epochs", min=0),
+    _opt("lr_step_size", int, 3, "step schedule: epochs between decays", min=1),
+    _opt("lr_gamma", float, 0.1, "step schedule: decay factor", above=0),
+    _opt("min_lr", float, 0.0, "cosine schedule: final learning rate", min=0),
+    _opt("momentum", float, 0.9, "SGD momentum", min=0, max=1),
+    _opt("weight_decay", float, 1e-4, "L2 weight decay on conv/dense weights (not BN, not bias)", min=0),
+    _opt("loss_scale", float, 1024.0, "fixed loss scale", above=0),
+    _opt("seed", int, 1, "seed for every RNG; identical on every rank", min=0),
+    _opt("deterministic", boolean, False, "ask MindSpore for deterministic kernels"),
+    # runtime
+    _opt("device_target", str, "auto", "auto = GPU when usable, else CPU", choices=("auto", "CPU", "GPU"), hashed=False),
+    _opt("verbose", boolean, False, "show MindSpore's own C++ INFO/WARNING lines", hashed=False),
+    _opt("log_every", int, 10, "print a progress line every N steps", min=1, hashed=False),
+    # checkpoints and evaluation
+    _opt("output_dir", str, "output", "where checkpoints, logs, config.yaml and result.json go", hashed=False),
+    _opt("ckpt_prefix", str, "", "checkpoint file prefix; empty = the model name", hashed=False),
+    _opt("save_every_epochs", int, 1, "save a checkpoint every N epochs (and always at the end)", min=1, hashed=False),
+    _opt("keep_checkpoint_max", int, 5, "keep the newest N checkpoints of each rank", min=1, hashed=False),
+    _opt("resume", str, "", "checkpoint PATH to resume from, or 'auto' for this rank's newest good one", hashed=False),
+    _opt("eval_every_epochs", int, 0, "evaluate every N epochs; 0 = only after training", min=0, hashed=False),
+    _opt("eval_batch_size", int, 0, "per-rank evaluation batch; 0 = the per-rank training batch", min=0, hashed=False),
+]
+
+EVAL_OPTIONS = TRAIN_OPTIONS + [
+    _opt("ckpt", str, "", "checkpoint to evaluate", hashed=False),
+]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors as one line, without the usage block."""
+
+    def error(self, message):
+        raise ConfigError(message)
+
+
+def _build_parser(prog: str, options: Sequence[Option]) -> _Parser:
+    parser = _Parser(prog=prog, allow_abbrev=False,
+                     description="Every option can also be set in the YAML given by --config.")
+    parser.add_argument("--config", default="", help="YAML file whose keys set the defaults below")
+    for opt in options:
+        extra = f" (choices: {', '.join(map(str, opt.choices))})" if opt.choices else ""
+        parser.add_argument(f"--{opt.name}", type=opt.type, default=None, metavar=opt.type.__name__,
+                            help=f"{opt.help}{extra} [default: {opt.default!r}]")
+    return parser
+
+
+def _did_you_mean(key: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+    if not close:
+        # `epochs_num` vs `epochs`: a shared stem is a better hint than edit distance.
+        close = [k for k in known if key.startswith(k) or k.startswith(key)][:1]
+    return f" (did you mean --{close[0]}?)" if close else ""
+
+
+def _load_yaml(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} not found; pass an existing YAML, e.g. --config configs/resnet50_fruits360.yaml")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"config file {path!r} is not valid YAML ({first}); fix the syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path!r} must be a mapping of option: value, got {type(data).__name__}")
+    return data
+
+
+def _coerce(opt: Option, value: Any, where: str) -> Any:
+    """Turn a YAML value into the option's type, as strictly as the command line would."""
+    try:
+        if isinstance(value, bool) and opt.type is not boolean:
+            raise ValueError(f"expected {opt.type.__name__}, got a boolean")
+        if isinstance(value, (dict, list)) or value is None:
+            raise ValueError(f"expected a single {opt.type.__name__} value, got {type(value).__name__}")
+        if opt.type is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError(f"{value} is not a whole number")
+        return opt.type(value if isinstance(value, (str, bool)) or opt.type is not boolean else str(value))
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ConfigError(f"{where}{opt.name}: {e}") from None
+
+
+def _validate(opt: Option, value: Any, where: str) -> None:
+    if opt.choices is not None and value not in opt.choices:
+        raise ConfigError(f"{where}{opt.name}={value!r} is not one of {', '.join(map(str, opt.choices))}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(f"{where}{opt.name}={value} must be a finite number")
+        if opt.min is not None and value < opt.min:
+            raise ConfigError(f"{where}{opt.name}={value} must be >= {opt.min}")
+        if opt.above is not None and value <= opt.above:
+            raise ConfigError(f"{where}{opt.name}={value} must be > {opt.above}")
+        if opt.max is not None and value > opt.max:
+            raise ConfigError(f"{where}{opt.name}={value} must be <= {opt.max}")
+
+
+def _split_unknown(parser: _Parser, argv: Sequence[str], known: Sequence[str]):
+    ns, unknown = parser.parse_known_args(argv)
+    for token in unknown:
+        if token.startswith("--"):
+            key = token[2:].split("=", 1)[0]
+            raise ConfigError(f"unknown option --{key}{_did_you_mean(key, known)}")
+        raise ConfigError(f"unexpected argument {token!r}; options are written --key value")
+    return ns
+
+
+def parse(argv: Optional[Sequence[str]] = None, options: Sequence[Option] = TRAIN_OPTIONS,
+          prog: str = "msdist.train") -> argparse.Namespace:
+    """Resolve the configuration: schema defaults < YAML < command line.
+
+    Raises:
+        ConfigError: unknown key, bad type, out-of-range value or missing file.
+    """
+    by_name = {o.name: o for o in options}
+    parser = _build_parser(prog, options)
+    cli = _split_unknown(parser, list(sys.argv[1:] if argv is None else argv), list(by_name))
+    values = {o.name: o.default for o in options}
+    if cli.config:
+        for key, value in _load_yaml(cli.config).items():
+            key = str(key)
+            if key not in by_name:
+                raise ConfigError(f"unknown key {key!r} in {cli.config}{_did_you_mean(key, list(by_name))}")
+            values[key] = _coerce(by_name[key], value, f"{cli.config}: ")
+            _validate(by_name[key], values[key], f"{cli.config}: ")
+    for name in by_name:
+        value = getattr(cli, name)
+        if value is not None:
+            _validate(by_name[name], value, "--")
+            values[name] = value
+    return argparse.Namespace(config=cli.config, **values)
+
+
+def config_hash(cfg: argparse.Namespace, options: Sequence[Option] = TRAIN_OPTIONS) -> str:
+    """A short hash of everything that shapes the trained model (not paths or logging)."""
+    payload = {o.name: getattr(cfg, o.name) for o in options if o.hashed}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def save(cfg: argparse.Namespace, path: str) -> None:
+    """Write the resolved config as YAML that `--config` accepts back."""
+    values = {k: v for k, v in vars(cfg).items() if k != "config"}
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(values, f, sort_keys=False)

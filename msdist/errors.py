@@ -1,0 +1,53 @@
+"""User-facing errors and the CLI wrapper that turns them into one line and an exit status."""
+import functools
+import logging
+import sys
+
+_logger = logging.getLogger("msdist")
+# Configured by monitor.setup_logging to reach the rank's log file only, never the console.
+_crash_logger = logging.getLogger("msdist.crash")
+
+
+class UserError(Exception):
+    """Something the user can fix; the message names the problem and the fix."""
+
+
+class ConfigError(UserError):
+    """A bad option, config file or value."""
+
+
+class DataError(UserError, ValueError):
+    """A data tree that cannot be used as given."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be used."""
+
+
+def cli_main(func):
+    """Wrap a CLI main: UserError -> `msdist: error: ...` and exit 2; a crash -> one line, traceback to the log.
+
+    The full traceback of an unexpected error is written to the msdist log (the rank's log file
+    once logging is set up), so nothing is lost while the console stays readable.
+    """
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except UserError as e:
+            _logger.error("error: %s", e)
+            print(f"msdist: error: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        except KeyboardInterrupt:
+            print("msdist: interrupted", file=sys.stderr, flush=True)
+            raise SystemExit(130) from None
+        except Exception as e:  # noqa: BLE001 - the last line of defence for a CLI
+            _crash_logger.exception("unhandled error")
+            where = next((h.baseFilename for h in _crash_logger.handlers if hasattr(h, "baseFilename")), None)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            hint = f"; full traceback in {where}" if where else ""
+            print(f"msdist: {type(e).__name__}: {first}{hint}", file=sys.stderr, flush=True)
+            if where is None:
+                raise
+            raise SystemExit(1) from None
+    return wrapper

@@ -1,0 +1,47 @@
+"""Learning-rate schedules and the optimizer."""
+import math
+
+import numpy as np
+
+
+def lr_schedule(kind: str, base_lr: float, epochs: int, steps_per_epoch: int, warmup_epochs: float = 0.0,
+                step_size: int = 3, gamma: float = 0.1, min_lr: float = 0.0) -> np.ndarray:
+    """The learning rate of every optimizer step of the run (float32, length epochs * steps_per_epoch).
+
+    Linear warmup from ~0 to `base_lr` over `warmup_epochs`, then constant, step decay (x `gamma`
+    every `step_size` epochs) or cosine decay to `min_lr` (Goyal et al., Loshchilov & Hutter).
+    """
+    total = epochs * steps_per_epoch
+    warmup = min(total, int(round(warmup_epochs * steps_per_epoch)))
+    lrs = np.empty(total, dtype=np.float64)
+    for t in range(total):
+        if t < warmup:
+            lrs[t] = base_lr * (t + 1) / warmup
+        elif kind == "constant":
+            lrs[t] = base_lr
+        elif kind == "step":
+            lrs[t] = base_lr * gamma ** ((t // steps_per_epoch) // step_size)
+        elif kind == "cosine":
+            progress = (t - warmup) / max(1, total - warmup)
+            lrs[t] = min_lr + (base_lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+        else:
+            raise ValueError(f"unknown lr schedule {kind!r}")
+    return lrs.astype(np.float32)
+
+
+def param_groups(params, weight_decay: float) -> list:
+    """Decay conv and dense weights only; BatchNorm parameters and biases are left alone."""
+    decay = [p for p in params if p.ndim > 1]
+    rest = [p for p in params if p.ndim <= 1]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
+def create_optimizer(params, lrs: np.ndarray, momentum: float, weight_decay: float, loss_scale: float):
+    """SGD with momentum following the per-step schedule `lrs` (position kept in `global_step`).
+
+    The optimizer divides gradients by `loss_scale`, matching a fixed loss scale in the train step.
+    """
+    import mindspore as ms
+    from mindspore import nn
+    return nn.Momentum(param_groups(params, weight_decay), learning_rate=ms.Tensor(lrs), momentum=momentum,
+                       loss_scale=loss_scale)
