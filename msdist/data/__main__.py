@@ -1,0 +1,38 @@
+"""`python -m msdist.data synth OUT [--classes K --per_class M]`: data tools."""
+import argparse
+import sys
+
+from msdist.errors import ConfigError, cli_main
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise ConfigError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m msdist.data", description="msdist data tools")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    synth = sub.add_parser("synth", help="write a demo ImageFolder tree (Training/, Test/) of fruit-like JPEGs")
+    synth.add_argument("out", help="output folder")
+    synth.add_argument("--classes", type=int, default=4, help="number of classes (default 4)")
+    synth.add_argument("--per_class", type=int, default=120, help="training images per class (default 120)")
+    synth.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+@cli_main
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "synth":
+        from msdist.data.synth import synthesize
+        if args.classes < 2 or args.per_class < 1:
+            raise ConfigError("synth needs --classes >= 2 and --per_class >= 1")
+        counts = synthesize(args.out, args.classes, args.per_class, seed=args.seed)
+        print(f"wrote {counts['Training']} training and {counts['Test']} test images in {args.classes} classes "
+              f"to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
