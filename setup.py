@@ -17,7 +17,7 @@ setup(
     # mindspore is not pinned: its wheels are device-specific (CPU / GPU / Ascend builds).
     install_requires=["mindspore", "numpy", "scipy", "pillow", "pyyaml"],
     extras_require={
-        "test": ["pytest", "hypothesis"],
+        "test": ["pytest", "hypothesis", "tensorboard"],  # tensorboard: its event reader checks our files
         "tensorboard": ["tensorboardX"],
         "report": ["matplotlib"],
     },

@@ -23,6 +23,9 @@ from msdist.errors import CheckpointError
 _logger = logging.getLogger(__name__)
 
 STATE_KEYS = ("epoch", "step", "global_step", "config_hash")
+# Inside the .ckpt the state is stored under prefixed names: the optimizer's own `global_step`
+# Parameter is saved too, and a bare `global_step` entry would overwrite it.
+_STATE_PREFIX = "msdist_state."
 MAX_CHECKPOINT_BYTES = 8 << 30   # refuse absurd files before reading them
 _SUFFIXES = (".ckpt", ".safetensors")
 
@@ -75,7 +78,7 @@ def save(params: List[dict], directory: str, prefix: str, rank: int, state: Dict
     # Hidden, and ending in .ckpt because save_checkpoint appends that suffix otherwise.
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.ckpt")
     # async_save stays off: the rename below must follow a finished write.
-    ms.save_checkpoint(params, tmp, append_dict={k: state[k] for k in STATE_KEYS})
+    ms.save_checkpoint(params, tmp, append_dict={_STATE_PREFIX + k: state[k] for k in STATE_KEYS})
     _write_durably(tmp, path)
     sidecar = {"sha256": sha256_file(path), **{k: state[k] for k in STATE_KEYS}}
     with open(f"{path}.json.tmp", "w", encoding="utf-8") as f:
@@ -148,12 +151,14 @@ def prune(directory: str, prefix: str, rank: int, keep: int) -> None:
                 pass
 
 
-def load(path: str, expected: Dict[str, tuple]) -> Dict:
+def load(path: str, expected: Dict[str, tuple], optional_prefixes: tuple = ()) -> Dict:
     """Read a checkpoint after checking its integrity and that it fits the model.
 
     Args:
         path: a MindSpore .ckpt (protobuf) or .safetensors file.
         expected: parameter name -> (shape, dtype string) of everything that must be restored.
+        optional_prefixes: extra names starting with these are dropped instead of reported as unexpected
+            (evaluation ignores the optimizer state a training checkpoint carries).
 
     Returns:
         {'params': {name: Parameter}, 'state': {epoch, step, global_step, config_hash} (may be empty)}
@@ -180,7 +185,9 @@ def load(path: str, expected: Dict[str, tuple]) -> Dict:
     except Exception as e:  # noqa: BLE001 - MindSpore raises several types for unreadable files
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"cannot read checkpoint {path}: {first}") from None
-    state = {k: _scalar(raw.pop(k)) for k in STATE_KEYS if k in raw}
+    state = {k: _scalar(raw.pop(_STATE_PREFIX + k)) for k in STATE_KEYS if _STATE_PREFIX + k in raw}
+    for name in [n for n in raw if n not in expected and n.startswith(optional_prefixes)]:
+        del raw[name]
     _check_fits(path, raw, expected)
     return {"params": raw, "state": state}
 

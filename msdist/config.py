@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 import yaml
 
 from msdist.errors import ConfigError
+from msdist.runtime import CPU_ISA_CHOICES
 
 
 def boolean(text: str) -> bool:
@@ -50,6 +51,9 @@ def _opt(name, type_, default, help_, **kw) -> Option:
 TRAIN_OPTIONS = [
     # data
     _opt("data_dir", str, "", "ImageFolder root holding Training/ and Test/ (one folder per class)", hashed=False),
+    _opt("bad_images", str, "error", "images the data check finds unusable (corrupt, truncated, empty...): "
+         "error = refuse to train, naming them; skip = leave them out on every rank", choices=("error", "skip"),
+         hashed=False),
     _opt("image_size", int, 100, "square input resolution the images are resized to", min=8),
     _opt("num_classes", int, 0, "number of classes; 0 takes it from Training/", min=0),
     _opt("augment", boolean, True, "random crop with padding + horizontal flip on training images"),
@@ -78,14 +82,29 @@ TRAIN_OPTIONS = [
     _opt("deterministic", boolean, False, "ask MindSpore for deterministic kernels"),
     # runtime
     _opt("device_target", str, "auto", "auto = GPU when usable, else CPU", choices=("auto", "CPU", "GPU"), hashed=False),
+    _opt("cpu_isa", str, "auto", "oneDNN ISA cap; auto = the fastest for this CPU (probed once, cached), default = "
+         "oneDNN's own; the ONEDNN_MAX_CPU_ISA environment variable wins", choices=CPU_ISA_CHOICES, hashed=False),
+    _opt("bind_cores", boolean, True, "pin each rank to its own slice of the host's cores when several share it",
+         hashed=False),
+    _opt("compile_cache", boolean, True, "keep compiled graphs under {output_dir}/compile_cache so a restart "
+         "skips compilation (keyed by config, world size, MindSpore version and sources)", hashed=False),
+    _opt("amp_level", str, "O0", "mixed precision: O0 = float32; O2 = low precision except BatchNorm; O3 = all "
+         "low precision", choices=("O0", "O2", "O3")),
+    _opt("amp_dtype", str, "float16", "low-precision type for amp_level O2/O3 (MindSpore's CPU convolutions "
+         "accept neither)", choices=("float16", "bfloat16")),
     _opt("verbose", boolean, False, "show MindSpore's own C++ INFO/WARNING lines", hashed=False),
     _opt("log_every", int, 10, "print a progress line every N steps", min=1, hashed=False),
+    _opt("tensorboard", boolean, False, "also write TensorBoard scalars under {output_dir}/tb (pip install "
+         "'msdist[tensorboard]')", hashed=False),
     # checkpoints and evaluation
     _opt("output_dir", str, "output", "where checkpoints, logs, config.yaml and result.json go", hashed=False),
     _opt("ckpt_prefix", str, "", "checkpoint file prefix; empty = the model name", hashed=False),
     _opt("save_every_epochs", int, 1, "save a checkpoint every N epochs (and always at the end)", min=1, hashed=False),
     _opt("keep_checkpoint_max", int, 5, "keep the newest N checkpoints of each rank", min=1, hashed=False),
     _opt("resume", str, "", "checkpoint PATH to resume from, or 'auto' for this rank's newest good one", hashed=False),
+    _opt("overwrite", boolean, False, "start a new run in an output_dir that holds another run's checkpoints; "
+         "the old run's ckpt/, config.yaml, result.json... move to {output_dir}/replaced-<time>/, never deleted",
+         hashed=False),
     _opt("eval_every_epochs", int, 0, "evaluate every N epochs; 0 = only after training", min=0, hashed=False),
     _opt("eval_batch_size", int, 0, "per-rank evaluation batch; 0 = the per-rank training batch", min=0, hashed=False),
 ]
@@ -127,7 +146,11 @@ def _load_yaml(path: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
+    except OSError as e:
+        raise ConfigError(f"config file {path!r} cannot be read ({e.strerror})") from None
+    # ValueError: bad bytes (UnicodeDecodeError) or an impossible value such as the date 2020-13-45;
+    # RecursionError: absurdly deep nesting.
+    except (yaml.YAMLError, ValueError, OverflowError, RecursionError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"config file {path!r} is not valid YAML ({first}); fix the syntax") from None
     if data is None:

@@ -1,6 +1,4 @@
-"""The compiled train step and evaluation."""
-import numpy as np
-import mindspore as ms
+"""The network and the compiled train step."""
 from mindspore import nn, ops
 
 
@@ -33,39 +31,29 @@ class TrainStep(nn.Cell):
         return ops.depend(loss, self.optimizer(grads))
 
 
+def build_network(model: str, num_classes: int, zero_init_last_bn: bool, sync_bn: bool, world_size: int):
+    """The model from the registry, with cross-rank BatchNorm swapped in when asked."""
+    from models import create_model
+    net = create_model(model, num_classes, zero_init_last_bn=zero_init_last_bn)
+    if sync_bn:
+        from msdist.layers import convert_sync_batchnorm
+        net = convert_sync_batchnorm(net, world_size)
+    return net
+
+
+def mixed_precision(net, amp_level: str, amp_dtype: str):
+    """Cast the network for `amp_level` O2/O3 in `amp_dtype` (float16/bfloat16); O0 returns it unchanged.
+
+    The loss scale in TrainStep keeps small float16 gradients from flushing to zero.
+    """
+    if amp_level == "O0":
+        return net
+    import mindspore as ms
+    return ms.amp.auto_mixed_precision(net, amp_level, dtype=getattr(ms, amp_dtype))
+
+
 def default_reducer(params, world_size: int):
     """MindSpore's own fused data-parallel all-reduce (mean); None when there is nothing to reduce."""
     if world_size == 1:
         return None
     return nn.DistributedGradReducer(params, mean=True, degree=world_size)
-
-
-def cross_entropy_sum(logits: np.ndarray, labels: np.ndarray) -> float:
-    """Summed softmax cross-entropy on the host, in float64."""
-    z = logits.astype(np.float64)
-    z = z - z.max(axis=1, keepdims=True)
-    log_probs = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-    return float(-log_probs[np.arange(len(labels)), labels].sum())
-
-
-def evaluate(net, dataset, batch_size: int, collectives) -> dict:
-    """Exact accuracy over the whole Test set: each rank counts its shard, integer counts are summed.
-
-    A short last batch is zero-padded up to `batch_size` so the graph compiles once; the padded
-    rows are never counted.
-    """
-    net.set_train(False)
-    correct = seen = 0
-    loss_sum = 0.0
-    for images, labels in dataset.create_tuple_iterator(num_epochs=1, output_numpy=True):
-        n = len(labels)
-        if n < batch_size:
-            images = np.concatenate([images, np.zeros((batch_size - n,) + images.shape[1:], images.dtype)])
-        logits = net(ms.Tensor(images)).asnumpy()[:n]
-        correct += int((logits.argmax(axis=1) == labels).sum())
-        seen += n
-        loss_sum += cross_entropy_sum(logits, labels)
-    net.set_train(True)
-    correct, seen, loss_sum = collectives.sum([correct, seen, loss_sum])
-    return {"accuracy": correct / seen if seen else 0.0, "num_samples": int(seen), "correct": int(correct),
-            "loss": loss_sum / seen if seen else float("nan")}

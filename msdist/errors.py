@@ -3,7 +3,6 @@ import functools
 import logging
 import sys
 
-_logger = logging.getLogger("msdist")
 # Configured by monitor.setup_logging to reach the rank's log file only, never the console.
 _crash_logger = logging.getLogger("msdist.crash")
 
@@ -35,7 +34,10 @@ def cli_main(func):
         try:
             return func(*args, **kwargs)
         except UserError as e:
-            _logger.error("error: %s", e)
+            # To the rank's log file only: the console gets the one line below. Before logging is set
+            # up there is no handler, and logging's last-resort handler would print a second line.
+            if _crash_logger.hasHandlers():
+                _crash_logger.error("error: %s", e)
             print(f"msdist: error: {e}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
         except KeyboardInterrupt:

@@ -1,17 +1,44 @@
-"""Logging and progress: rank 0 speaks on the console, every rank writes its own log file.
+"""Watching a run: per-rank logs, the progress bar or step lines, metrics.jsonl and TensorBoard.
 
-`setup_logging` configures the standard `logging` tree once per process. `Progress` turns step
-timings into the fixed step line and the epoch summary; only rank 0 builds one that prints.
+* `setup_logging` configures the standard `logging` tree once per process: every rank writes its
+  own log file, rank 0 also speaks on stdout.
+* `Progress` turns step timings into the fixed step line (every `log_every` steps, into each rank's
+  log) and, on rank 0 at an interactive terminal, a live progress bar; it also writes the epoch
+  summary. It formats only: averaging over ranks stays with the caller, who owns the collectives.
+* `MetricsWriter` is rank 0's durable record: one JSON object per logged step and per epoch in
+  `{output_dir}/metrics.jsonl` (what `python -m msdist.report` reads), mirrored as TensorBoard
+  scalars under `{output_dir}/tb` with `--tensorboard true`. `open_metrics` returns None on the
+  other ranks, so the training loop reads `if writer is not None`.
 """
+import collections
+import json
 import logging
 import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, TextIO, Tuple
+
+from msdist.errors import ConfigError
 
 _logger = logging.getLogger(__name__)
 _FORMAT = "%(asctime)s rank{rank} %(levelname)s %(message)s"
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tb"
+# TensorBoard tag of each metrics.jsonl field, per record kind; the x axis is always global_step.
+TENSORBOARD_TAGS = {
+    "step": {"loss": "train/loss", "lr": "train/lr", "images_per_sec": "train/images_per_sec"},
+    "epoch": {"val_loss": "val/loss", "val_accuracy": "val/accuracy"},
+}
+_RATE_WINDOW = 20        # steps the live img/s and the ETAs average over
+_BAR_WIDTH = 24
+_BAR_REDRAW_S = 0.2      # a terminal redrawn at every step of a fast model costs more than it shows
+
+
+def _console_wanted(record: logging.LogRecord) -> bool:
+    # Step lines pass `extra={"console": False}` while the progress bar owns the terminal.
+    return getattr(record, "console", True)
 
 
 def setup_logging(log_dir: str, rank: int, console: bool) -> str:
@@ -32,6 +59,7 @@ def setup_logging(log_dir: str, rank: int, console: bool) -> str:
     if console:
         stream = logging.StreamHandler(sys.stdout)
         stream.setFormatter(logging.Formatter("%(message)s"))
+        stream.addFilter(_console_wanted)
         root.addHandler(stream)
     crash = logging.getLogger("msdist.crash")
     crash.handlers = [file_handler]
@@ -78,24 +106,261 @@ class StepTimer:
         return self.images_per_step / self.first_step_s if self.first_step_s else 0.0
 
 
-class Progress:
-    """Formats the step line `epoch e/E step b/B | loss now (avg) | lr | s/step | img/s | data s`."""
+def terminal(is_main: bool, launch_kind: str) -> Optional[TextIO]:
+    """stdout when this rank speaks to an interactive terminal (the progress bar goes there), else None.
 
-    def __init__(self, epochs: int, steps_per_epoch: int, global_batch: int, log_every: int):
+    Args:
+        is_main: whether this rank speaks on the console at all.
+        launch_kind: `distributed.LaunchEnv.kind`. Under "mpirun" isatty() proves nothing: OpenMPI gives
+            every rank a pseudo-terminal even when mpirun's own output goes to a file or a pipe.
+    """
+    if not is_main or launch_kind == "mpirun" or not sys.stdout.isatty():
+        return None
+    return sys.stdout
+
+
+def format_duration(seconds: Optional[float]) -> str:
+    """`H:MM:SS`, or `?` while there is nothing to estimate from."""
+    if seconds is None or seconds != seconds or seconds == float("inf"):
+        return "?"
+    whole = int(round(seconds))
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+
+
+def render_bar(fraction: float, width: int = _BAR_WIDTH) -> str:
+    """`[#########.......]`, `fraction` clipped to 0..1."""
+    done = int(round(width * min(max(fraction, 0.0), 1.0)))
+    return "[" + "#" * done + "." * (width - done) + "]"
+
+
+class Progress:
+    """Step lines, the live bar and the epoch summary of one training run.
+
+    Every `log_every` steps (and at the end of an epoch or of the run) the step line
+    `epoch e/E step b/B | loss now (avg) | lr | s/step | img/s | data s | pct | eta` goes to the
+    log: the rank's file always, the console too unless a bar is drawn. img/s and the ETAs use the
+    wall time of the last steps, data loading included.
+
+    Args:
+        epochs: epochs of the whole run.
+        steps_per_epoch: optimizer steps in one epoch.
+        global_batch: images per optimizer step over all ranks.
+        log_every: steps between step lines.
+        max_steps: the run stops after this many steps in total; 0 = no limit.
+        bar: stream for the live progress bar (see `terminal`), or None for step lines only.
+    """
+
+    def __init__(self, epochs: int, steps_per_epoch: int, global_batch: int, log_every: int,
+                 max_steps: int = 0, bar: Optional[TextIO] = None):
         self.epochs, self.steps_per_epoch = epochs, steps_per_epoch
         self.global_batch, self.log_every = global_batch, log_every
+        full = epochs * steps_per_epoch
+        self.total_steps = min(full, max_steps) if max_steps else full
+        self.bar = bar
+        self.epoch = 0
         self._losses: List[float] = []
+        self._first_step = 0
+        self._step = self._global_step = 0
+        self._epoch_start = self._last_step_time = time.perf_counter()
+        self._stamps: collections.deque = collections.deque(maxlen=_RATE_WINDOW + 1)
+        self._compiled = False
+        self._last_draw = 0.0
+        self._drawn_width = 0
 
-    def start_epoch(self) -> None:
+    def start_epoch(self, epoch: int, first_step: int = 0) -> None:
+        """Begin 0-based `epoch`; `first_step` > 0 when a resumed run skips steps already done."""
+        self.epoch, self._first_step = epoch, first_step
+        self._step = first_step
         self._losses = []
+        self._epoch_start = self._last_step_time = time.perf_counter()
+        self._stamps.clear()
+        self._stamps.append(self._epoch_start)
 
-    def step(self, epoch: int, step: int, loss: float, lr: float, step_s: float, data_s: float) -> None:
+    def is_log_step(self, step: int, global_step: int) -> bool:
+        """True where a step line and a metrics record are due (the caller averages the loss there)."""
+        return step % self.log_every == 0 or step == self.steps_per_epoch or global_step == self.total_steps
+
+    def sec_per_step(self) -> Optional[float]:
+        """Mean wall time of the recent steps, or None before the first one after compilation."""
+        if len(self._stamps) < 2:
+            return None
+        return (self._stamps[-1] - self._stamps[0]) / (len(self._stamps) - 1)
+
+    def images_per_sec(self) -> float:
+        rate = self.sec_per_step()
+        return self.global_batch / rate if rate else 0.0
+
+    def eta(self) -> Tuple[Optional[float], Optional[float]]:
+        """(seconds left in this epoch, seconds left in the run), None when unknown."""
+        rate = self.sec_per_step()
+        if rate is None:
+            return None, None
+        epoch_end = min(self.steps_per_epoch,
+                        self._step + self.total_steps - self._global_step)
+        return (epoch_end - self._step) * rate, (self.total_steps - self._global_step) * rate
+
+    def step(self, step: int, global_step: int, loss: float, lr: float, step_s: float, data_s: float) -> Optional[dict]:
+        """Account one optimizer step; at a log step write the step line and return its metrics record.
+
+        Args:
+            step: 1-based step within the epoch.
+            global_step: optimizer steps done in the whole run.
+            loss: this step's loss (the rank mean at log steps).
+            lr: the learning rate of this step.
+            step_s: compute time of this step; data_s: time spent waiting for its batch.
+        """
+        now = time.perf_counter()
+        self._step, self._global_step, self._last_step_time = step, global_step, now
         self._losses.append(loss)
-        if step % self.log_every == 0 or step == self.steps_per_epoch:
-            avg = sum(self._losses) / len(self._losses)
-            _logger.info("epoch %d/%d step %d/%d | loss %.4f (%.4f) | lr %.6f | %.3f s/step | %.1f img/s | data %.3f s",
-                         epoch + 1, self.epochs, step, self.steps_per_epoch, loss, avg, lr, step_s,
-                         self.global_batch / step_s if step_s > 0 else 0.0, data_s)
+        if not self._compiled:  # the first step of a process includes graph compilation: keep it out of rates
+            self._compiled = True
+            self._stamps.clear()
+        self._stamps.append(now)
+        record = None
+        if self.is_log_step(step, global_step):
+            record = self._log_step(loss, lr, step_s, data_s)
+        if self.bar is not None:
+            self._draw(loss, lr, force=record is not None)
+            if step == self.steps_per_epoch or global_step == self.total_steps:
+                self._close_bar()  # before the save and evaluation messages that follow
+        return record
+
+    def _log_step(self, loss: float, lr: float, step_s: float, data_s: float) -> dict:
+        epoch_eta, run_eta = self.eta()
+        _logger.info("epoch %d/%d step %d/%d | loss %.4f (%.4f) | lr %.6f | %.3f s/step | %.1f img/s | data %.3f s"
+                     " | %3.0f%% | eta %s epoch, %s run",
+                     self.epoch + 1, self.epochs, self._step, self.steps_per_epoch, loss, self.epoch_loss(), lr,
+                     step_s, self.images_per_sec(), data_s, 100.0 * self._step / self.steps_per_epoch,
+                     format_duration(epoch_eta), format_duration(run_eta),
+                     extra={"console": self.bar is None})
+        return {"kind": "step", "epoch": self.epoch + 1, "step": self._step, "steps_per_epoch": self.steps_per_epoch,
+                "global_step": self._global_step, "loss": loss, "lr": lr,
+                "images_per_sec": round(self.images_per_sec(), 3), "time": round(time.time(), 3)}
+
+    def bar_line(self, loss: float, lr: float) -> str:
+        """The live bar: `epoch e/E [####....] pct b/B | loss | lr | img/s | eta <epoch>, <run>`."""
+        epoch_eta, run_eta = self.eta()
+        fraction = self._step / self.steps_per_epoch
+        return (f"epoch {self.epoch + 1}/{self.epochs} {render_bar(fraction)} {100 * fraction:3.0f}% "
+                f"{self._step}/{self.steps_per_epoch} | loss {loss:.4f} | lr {lr:.2e} | "
+                f"{self.images_per_sec():.1f} img/s | eta {format_duration(epoch_eta)} epoch, "
+                f"{format_duration(run_eta)} run")
+
+    def _draw(self, loss: float, lr: float, force: bool) -> None:
+        if not force and self._last_step_time - self._last_draw < _BAR_REDRAW_S:
+            return
+        self._last_draw = self._last_step_time
+        line = self.bar_line(loss, lr)
+        # Pad over the previous line's tail: plain `\r` works on every terminal, escape codes don't.
+        self.bar.write("\r" + line.ljust(self._drawn_width))
+        self.bar.flush()
+        self._drawn_width = len(line)
+
+    def _close_bar(self) -> None:
+        if self._drawn_width:
+            self.bar.write("\n")
+            self.bar.flush()
+            self._drawn_width = 0
 
     def epoch_loss(self) -> float:
+        """Mean loss of this rank's steps in the current epoch."""
         return sum(self._losses) / len(self._losses) if self._losses else float("nan")
+
+    def end_epoch(self, train_loss: float, val: Optional[dict] = None) -> dict:
+        """Close the bar, log the epoch summary and return the epoch's metrics record.
+
+        Args:
+            train_loss: the epoch's mean training loss, averaged over ranks by the caller.
+            val: `{"accuracy", "loss", ...}` when the epoch ended with an evaluation.
+        """
+        if self.bar is not None:
+            self._close_bar()
+        seconds = self._last_step_time - self._epoch_start
+        images = (self._step - self._first_step) * self.global_batch
+        images_per_sec = images / seconds if seconds > 0 else 0.0
+        record = {"kind": "epoch", "epoch": self.epoch + 1, "step": self._step,
+                  "steps_per_epoch": self.steps_per_epoch, "global_step": self._global_step,
+                  "train_loss": train_loss, "epoch_seconds": round(seconds, 3),
+                  "images_per_sec": round(images_per_sec, 3), "time": round(time.time(), 3)}
+        evaluated = ""
+        if val is not None:
+            record.update(val_accuracy=val["accuracy"], val_loss=val["loss"])
+            evaluated = f" | val accuracy {val['accuracy']:.4f} loss {val['loss']:.4f}"
+        _logger.info("epoch %d/%d done | train loss %.4f%s | %.1f s | %.1f img/s", self.epoch + 1, self.epochs,
+                     train_loss, evaluated, seconds, images_per_sec)
+        return record
+
+
+def _require_tensorboardx():
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        raise ConfigError("--tensorboard true needs the tensorboardX package: pip install 'msdist[tensorboard]' "
+                          "(or pip install tensorboardX)") from None
+    return SummaryWriter
+
+
+def _drop_records_after(path: str, global_step: int) -> None:
+    """Forget records past `global_step`: a resumed run repeats those steps and writes them again."""
+    if not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        kept = [line for line in f if line.strip() and json.loads(line).get("global_step", 0) <= global_step]
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
+
+
+class MetricsWriter:
+    """Rank 0's record of a run: `metrics.jsonl` always, TensorBoard scalars when asked.
+
+    Each (re)start first drops the records of steps the run is about to repeat and appends a
+    `{"kind": "run", ...}` record, so the file reads like one uninterrupted run.
+
+    Args:
+        output_dir: the run's output directory.
+        tensorboard: also write TensorBoard event files under `{output_dir}/tb`.
+        world_size: ranks in this run, recorded for the report.
+        start_step: global step the run starts (or resumes) from.
+    """
+
+    def __init__(self, output_dir: str, tensorboard: bool, world_size: int, start_step: int = 0):
+        self.path = os.path.join(output_dir, METRICS_FILE)
+        _drop_records_after(self.path, start_step)
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._tb = None
+        if tensorboard:
+            # purge_step hides older events from the first step this run writes on, the TensorBoard twin of
+            # the truncation above. Event files are named by the second they were opened in; the suffix keeps
+            # a quick restart from overwriting its predecessor's file, and keeps the files in creation order.
+            self._tb = _require_tensorboardx()(os.path.join(output_dir, TENSORBOARD_DIR), purge_step=start_step + 1,
+                                               flush_secs=10, filename_suffix=f".{time.time_ns()}")
+        self.write({"kind": "run", "global_step": start_step, "world_size": world_size,
+                    "time": round(time.time(), 3)})
+
+    def write(self, record: dict) -> None:
+        """Append one record (flushed at once, so a report of a running job is current)."""
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, tag in TENSORBOARD_TAGS.get(record["kind"], {}).items():
+                if key in record:
+                    self._tb.add_scalar(tag, record[key], record["global_step"])
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def open_metrics(is_main: bool, output_dir: str, tensorboard: bool, world_size: int,
+                 start_step: int = 0) -> Optional[MetricsWriter]:
+    """The run's MetricsWriter on rank 0, None elsewhere.
+
+    Every rank checks that tensorboardX is importable, so a missing package stops all ranks alike
+    instead of leaving the others waiting for a rank 0 that exited.
+    """
+    if tensorboard:
+        _require_tensorboardx()
+    return MetricsWriter(output_dir, tensorboard, world_size, start_step) if is_main else None

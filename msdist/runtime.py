@@ -1,39 +1,92 @@
-"""Process environment that must be in place before `import mindspore`.
+"""Process environment and MindSpore runtime settings that make a rank run at the machine's limit.
 
-MindSpore and oneDNN read these variables once, when their libraries load, so
-every entry point calls `prepare()` before anything imports mindspore. Nothing
-here imports mindspore.
+Two phases, because MindSpore and oneDNN read some settings once, when their libraries load:
+
+* `prepare()` runs before `import mindspore`: log level, oneDNN ISA cap, OpenMP threads, the cores
+  this rank is bound to, where the compile cache lives. It never imports mindspore.
+* `configure_mindspore()` runs right after the device context is set: MindSpore's own CPU kernel
+  thread pool, sized to this rank's share of the cores. `compile_cache_scope()` wraps the one
+  compile whose graph is cached.
+
+Every entry point calls `prepare()` first, under mpirun, msdist.launch and standalone alike.
 """
+import contextlib
+import hashlib
 import logging
 import os
 import sys
 from dataclasses import dataclass
+from typing import Tuple
 
 _logger = logging.getLogger(__name__)
 
 # GLOG_v: 0 DEBUG, 1 INFO, 2 WARNING, 3 ERROR. MindSpore's Python logger reads it too.
 _QUIET_LOG_LEVEL = "3"
 _VERBOSE_LOG_LEVEL = "1"
+# oneDNN's values for ONEDNN_MAX_CPU_ISA (x86), plus our "auto" (probe) and "default" (no cap).
+CPU_ISA_CHOICES = ("auto", "default", "SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
+                   "AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX")
 
 
 @dataclass(frozen=True)
 class RuntimeInfo:
-    cpu_isa: str           # value given to ONEDNN_MAX_CPU_ISA ("" = oneDNN's own choice)
-    isa_source: str        # where the choice came from: env, option, probe, default
+    cpu_isa: str                 # value given to ONEDNN_MAX_CPU_ISA ("default" = oneDNN's own choice)
+    isa_source: str              # where the choice came from: env, option, probe
     threads_per_rank: int
+    cores: Tuple[int, ...] = ()  # cores this rank is bound to; () = not bound
+    cores_bound_by: str = ""     # "launcher" or "msdist" when bound
+    compile_cache: str = ""      # MindSpore compile-cache directory; "" = off
+    compile_cache_warm: bool = False  # this rank's cache already held a compiled graph at start
+
+    def summary(self) -> str:
+        """One log-line fragment with every choice made here."""
+        cores = f"{','.join(map(str, self.cores))} (bound by {self.cores_bound_by})" if self.cores else "not bound"
+        if not self.compile_cache:
+            cache = "off"
+        else:
+            cache = f"{'reused' if self.compile_cache_warm else 'cold'} ({self.compile_cache})"
+        return (f"oneDNN ISA {self.cpu_isa} ({self.isa_source}) | {self.threads_per_rank} threads/rank | "
+                f"cores {cores} | compile cache {cache}")
 
 
-def usable_cores() -> int:
+def usable_cores() -> Tuple[int, ...]:
     """Cores this process may run on (respects taskset/cgroup affinity)."""
     try:
-        return len(os.sched_getaffinity(0))
+        return tuple(sorted(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return tuple(range(os.cpu_count() or 1))
 
 
-def threads_per_rank(local_world_size: int) -> int:
-    """Split the host's cores evenly over the ranks on it, so ranks never oversubscribe."""
-    return max(1, usable_cores() // max(1, local_world_size))
+def host_cores() -> int:
+    """Cores online on this host, whatever this process's affinity."""
+    return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Placement:
+    threads: int                 # kernel threads for this rank
+    cores: Tuple[int, ...] = ()  # cores this rank runs on; () = not bound
+    bound_by: str = ""           # "launcher", "msdist" or "" (not bound)
+
+
+def place_rank(local_rank: int, local_world_size: int, bind: bool = True) -> Placement:
+    """Split the host's cores evenly over the ranks on it, so ranks never oversubscribe.
+
+    A rank whose affinity is already narrower than the host was given its own cores by its launcher
+    (mpirun binds each rank to a core by default, srun --cpu-bind, msrun --bind_core); it keeps them.
+    Otherwise rank r takes the r-th slice of the usable cores, bound when `bind` is set.
+    """
+    cores = usable_cores()
+    if local_world_size <= 1:
+        return Placement(len(cores))
+    if len(cores) < host_cores():
+        return Placement(len(cores), cores, "launcher")
+    per_rank = len(cores) // local_world_size
+    if per_rank == 0:  # more ranks than cores: nothing to split
+        return Placement(1)
+    if not bind:
+        return Placement(per_rank)
+    return Placement(per_rank, cores[local_rank * per_rank:(local_rank + 1) * per_rank], "msdist")
 
 
 def choose_cpu_isa(requested: str) -> tuple:
@@ -46,8 +99,55 @@ def choose_cpu_isa(requested: str) -> tuple:
     return isa_probe.best_isa(), "probe"
 
 
-def prepare(verbose: bool = False, cpu_isa: str = "auto", local_world_size: int = 1) -> RuntimeInfo:
-    """Set logging, kernel ISA and thread variables for this process. Call before importing mindspore."""
+def _source_fingerprint() -> str:
+    """Hash of the Python sources that define the compiled graphs (msdist and models)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = hashlib.sha256()
+    for package in ("msdist", "models"):
+        for folder, dirs, files in os.walk(os.path.join(root, package)):
+            dirs.sort()
+            for name in sorted(f for f in files if f.endswith(".py")):
+                with open(os.path.join(folder, name), "rb") as f:
+                    digest.update(name.encode() + f.read())
+    return digest.hexdigest()
+
+
+def compile_cache_dir(output_dir: str, config_hash: str, world_size: int) -> str:
+    """Where MindSpore keeps this run's compiled graphs.
+
+    The folder name hashes everything a compiled graph depends on: the config (model, image size,
+    batch, amp level...), the world size, the MindSpore version and msdist's own sources. Changing
+    any of them selects a fresh folder, so a stale graph is never loaded.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        ms_version = version("mindspore")
+    except PackageNotFoundError:
+        ms_version = "none"
+    key = f"{config_hash}|world {world_size}|mindspore {ms_version}|{_source_fingerprint()}"
+    return os.path.join(output_dir, "compile_cache", hashlib.sha256(key.encode()).hexdigest()[:16])
+
+
+def _cache_is_warm(cache_dir: str, rank: int) -> bool:
+    rank_dir = os.path.join(cache_dir, f"rank_{rank}")  # MindSpore keeps one folder per rank
+    return os.path.isdir(rank_dir) and any(files for _, _, files in os.walk(rank_dir))
+
+
+def prepare(verbose: bool = False, cpu_isa: str = "auto", local_world_size: int = 1, *, local_rank: int = 0,
+            rank: int = 0, bind_cores: bool = True, compile_cache: str = "") -> RuntimeInfo:
+    """Set logging, kernel ISA, threads, core binding and compile cache for this process.
+
+    Call before importing mindspore.
+
+    Args:
+        verbose: let MindSpore's C++ INFO lines through.
+        cpu_isa: one of CPU_ISA_CHOICES; the ONEDNN_MAX_CPU_ISA environment variable wins over it.
+        local_world_size: ranks on this host; they share its cores evenly.
+        local_rank: this rank's index on the host (which slice of cores it binds to).
+        rank: global rank (MindSpore keeps one compile-cache folder per rank).
+        bind_cores: pin this process to its slice of cores when several ranks share the host.
+        compile_cache: directory for MindSpore's compile cache (see `compile_cache_dir`); "" = off.
+    """
     if "mindspore" in sys.modules:
         _logger.warning("runtime.prepare() called after mindspore was imported; ISA and thread settings may not apply")
     level = _VERBOSE_LOG_LEVEL if verbose else _QUIET_LOG_LEVEL
@@ -57,6 +157,54 @@ def prepare(verbose: bool = False, cpu_isa: str = "auto", local_world_size: int 
     isa, source = choose_cpu_isa(cpu_isa)
     if isa:
         os.environ["ONEDNN_MAX_CPU_ISA"] = isa
-    threads = threads_per_rank(local_world_size)
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    return RuntimeInfo(cpu_isa=isa or "default", isa_source=source, threads_per_rank=threads)
+    place = place_rank(local_rank, local_world_size, bind_cores)
+    os.environ["OMP_NUM_THREADS"] = str(place.threads)
+    if place.bound_by == "msdist":
+        # Before MindSpore starts its threads, so every thread it creates inherits the mask.
+        os.sched_setaffinity(0, place.cores)
+    return RuntimeInfo(cpu_isa=isa or "default", isa_source=source, threads_per_rank=place.threads,
+                       cores=place.cores, cores_bound_by=place.bound_by,
+                       compile_cache=compile_cache,
+                       compile_cache_warm=bool(compile_cache) and _cache_is_warm(compile_cache, rank))
+
+
+def configure_mindspore(rt: RuntimeInfo) -> None:
+    """Size MindSpore's CPU kernel thread pool to this rank's cores (its default assumes the whole host)."""
+    from mindspore import device_context
+    from mindspore._c_expression import RuntimeConf
+    if not RuntimeConf.get_instance().is_op_threads_num_configured():  # it may be set only once per process
+        device_context.cpu.op_tuning.threads_num(rt.threads_per_rank)
+
+
+@contextlib.contextmanager
+def compile_cache_scope(rt: RuntimeInfo):
+    """Cache the graphs compiled inside this block, and only those.
+
+    MindSpore names cached graphs by the order in which they compile (compile_cache_0, _1, ...) and
+    does not check that a cached graph belongs to the cell asking for it. Left on for the whole
+    process, a restart that compiles in another order (a resume that evaluates first, a collective
+    that runs only on resume) loads the wrong graph and crashes. Inside this block the order is fixed.
+    """
+    if not rt.compile_cache:
+        yield
+        return
+    import mindspore as ms
+    ms.set_context(enable_compile_cache=True, compile_cache_path=rt.compile_cache)
+    try:
+        yield
+    finally:
+        ms.set_context(enable_compile_cache=False)
+
+
+def exit_without_teardown(code: int) -> int:
+    """End a finished MindSpore process now, skipping MindSpore's C++ teardown.
+
+    MindSpore 2.10 on CPU sometimes segfaults in its exit-time teardown after the work is done
+    (seen on non-zero ranks under mpirun), which would turn a finished job into a failed one. Every
+    file msdist writes is complete and fsynced before this is called, so only interpreter clean-up
+    is skipped; the dynamic-cluster scheduler is reaped by its watchdog or by msdist.launch.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access

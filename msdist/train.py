@@ -7,22 +7,29 @@ import json
 import logging
 import os
 import random
+import tempfile
 import time
 
 import numpy as np
 
-from msdist import config, distributed, runtime
+from msdist import config, distributed, heartbeat, runtime
 from msdist.errors import ConfigError, DataError, cli_main
 
 _logger = logging.getLogger("msdist.train")
+_PROCESS_START = time.perf_counter()  # for result.json's start-to-first-step figure
 
 
 @cli_main
 def main(argv=None) -> int:
     cfg = config.parse(argv)
     launch = distributed.detect_launch()
-    rt = runtime.prepare(cfg.verbose, "auto", launch.local_world_size)
-    return train(cfg, launch, rt)
+    from msdist.data.pipeline import per_rank_batch
+    per_rank_batch(cfg.batch_size, launch.world_size)  # fail before the slow cluster start-up
+    cache = runtime.compile_cache_dir(cfg.output_dir, config.config_hash(cfg), launch.world_size) \
+        if cfg.compile_cache else ""
+    rt = runtime.prepare(cfg.verbose, cfg.cpu_isa, launch.local_world_size, local_rank=launch.local_rank,
+                         rank=launch.rank, bind_cores=cfg.bind_cores, compile_cache=cache)
+    return runtime.exit_without_teardown(train(cfg, launch, rt))
 
 
 def _seed_everything(seed: int) -> None:
@@ -43,29 +50,64 @@ def _check_output_dir(path: str) -> None:
         raise ConfigError(f"output_dir {path!r} is not writable ({e.strerror}); choose another --output_dir") from None
 
 
-def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
-    # MindSpore loads only here, after runtime.prepare() set the variables it reads when it loads.
-    from mindspore import nn
+def _claim_output_dir(path: str, resume: str, overwrite: bool, is_main: bool):
+    """Refuse to mix a new run into another run's checkpoints; with `overwrite`, move that run aside.
 
-    from models import create_model
-    from msdist import checkpoint, engine, monitor, optim
+    Nothing is deleted: the old run's results (ckpt/, config.yaml, result.json, metrics...) move to
+    `{path}/replaced-<time>/`, so the new run's checkpoints can neither collide with the old ones nor
+    get them pruned. logs/ (files append) and compile_cache/ (keyed by config) stay. Every rank
+    decides alike; only the main rank moves files.
+
+    Returns:
+        The folder the old run was moved to, or None.
+    """
+    ckpt_dir = os.path.join(path, "ckpt")
+    old = [n for n in os.listdir(ckpt_dir) if not n.startswith(".")] if os.path.isdir(ckpt_dir) else []
+    if not old or resume:
+        return None
+    if not overwrite:
+        raise ConfigError(f"output_dir {path!r} holds another run's checkpoints ({len(old)} files in ckpt/); "
+                          "pass --resume auto to continue that run, --overwrite true to start a new one (the old "
+                          "run is moved aside, not deleted), or choose another --output_dir")
+    if not is_main:
+        return None
+    archive = tempfile.mkdtemp(prefix=f"replaced-{time.strftime('%Y%m%d-%H%M%S')}-", dir=path)
+    for name in os.listdir(path):
+        if not (name.startswith((".", "replaced-")) or name in ("logs", "compile_cache")):
+            os.rename(os.path.join(path, name), os.path.join(archive, name))
+    return archive
+
+
+def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
+    from msdist.data import check as data_check
     from msdist.data import pipeline
 
-    if not cfg.data_dir:
-        raise ConfigError("data_dir is not set; pass --data_dir DIR (a folder with Training/ and Test/), "
-                          "or make demo data with: python -m msdist.data synth DIR")
-    if not os.path.isdir(cfg.data_dir):
-        raise DataError(f"data_dir {cfg.data_dir!r} does not exist; pass --data_dir pointing at a folder "
-                        "with Training/ and Test/")
+    pipeline.check_data_dir(cfg.data_dir)
     _check_output_dir(cfg.output_dir)
+    replaced = _claim_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite, launch.rank == 0)
+    # MindSpore loads only here (path errors above stay fast), after runtime.prepare() set its variables.
+    import mindspore as ms
+    from mindspore import nn
+
+    from msdist import checkpoint, engine, monitor, optim
+    from msdist.eval import evaluate_split
+
     log_dir = os.path.join(cfg.output_dir, "logs")
+    # Beats from before cluster init, so msdist.launch can tell a rank stuck there from a slow one.
+    beat = heartbeat.Heartbeat(log_dir, launch.rank).start()
     dist = distributed.init(launch, cfg.device_target, log_dir, cfg.deterministic)
+    runtime.configure_mindspore(rt)
     monitor.setup_logging(log_dir, dist.rank, console=dist.is_main)
+    if replaced:
+        _logger.warning("overwrite: moved the previous run in %s to %s", cfg.output_dir, replaced)
     _seed_everything(cfg.seed)
 
+    collectives = distributed.Collectives(dist.world_size)
+    # Rank 0 decodes every image once per tree state (cached); all ranks then leave out the same files.
+    excluded = data_check.shared_exclusions(cfg.data_dir, cfg.bad_images == "skip", dist.is_main, collectives)
     classes = pipeline.class_map(cfg.data_dir)
-    train_split = pipeline.list_split(cfg.data_dir, pipeline.TRAIN_SPLIT, classes)
-    test_split = pipeline.list_split(cfg.data_dir, pipeline.TEST_SPLIT, classes)
+    train_split = pipeline.list_split(cfg.data_dir, pipeline.TRAIN_SPLIT, classes, exclude=excluded)
+    test_split = pipeline.list_split(cfg.data_dir, pipeline.TEST_SPLIT, classes, exclude=excluded)
     num_classes = cfg.num_classes or len(classes)
     batch = pipeline.per_rank_batch(cfg.batch_size, dist.world_size)
     steps_per_epoch = pipeline.steps_per_epoch(len(train_split), cfg.batch_size)
@@ -74,17 +116,15 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
                         "lower --batch_size")
     workers = cfg.num_workers or rt.threads_per_rank
     _logger.info("world size %d (%s, %s) | global batch %d = %d per rank | %d classes | %d train / %d test images"
-                 " | %d steps/epoch | oneDNN ISA %s (%s) | %d threads/rank",
+                 " | %d steps/epoch | %s | amp %s",
                  dist.world_size, dist.device_target, dist.backend or "standalone", cfg.batch_size, batch,
-                 num_classes, len(train_split), len(test_split), steps_per_epoch, rt.cpu_isa, rt.isa_source,
-                 rt.threads_per_rank)
+                 num_classes, len(train_split), len(test_split), steps_per_epoch, rt.summary(),
+                 cfg.amp_level if cfg.amp_level == "O0" else f"{cfg.amp_level} {cfg.amp_dtype}")
     if dist.is_main:
         config.save(cfg, os.path.join(cfg.output_dir, "config.yaml"))
 
-    net = create_model(cfg.model, num_classes, zero_init_last_bn=cfg.zero_init_last_bn)
-    if cfg.sync_bn:
-        from msdist.layers import convert_sync_batchnorm
-        net = convert_sync_batchnorm(net, dist.world_size)
+    net = engine.build_network(cfg.model, num_classes, cfg.zero_init_last_bn, cfg.sync_bn, dist.world_size)
+    net = engine.mixed_precision(net, cfg.amp_level, cfg.amp_dtype)
     base_lr = cfg.lr * dist.world_size if cfg.scale_lr else cfg.lr
     lrs = optim.lr_schedule(cfg.lr_schedule, base_lr, cfg.epochs, steps_per_epoch, cfg.warmup_epochs,
                             cfg.lr_step_size, cfg.lr_gamma, cfg.min_lr)
@@ -93,9 +133,14 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
     train_step = engine.TrainStep(net, loss_fn, optimizer, cfg.loss_scale,
                                   engine.default_reducer(optimizer.parameters, dist.world_size))
     train_step.set_train(True)
+    compile_start = time.perf_counter()
+    with runtime.compile_cache_scope(rt):  # compiled ahead of the first batch, so a restart can load it
+        train_step.compile(ms.Tensor(shape=(batch, 3, cfg.image_size, cfg.image_size), dtype=ms.float32),
+                           ms.Tensor(shape=(batch,), dtype=ms.int32))
+    compile_seconds = time.perf_counter() - compile_start
+    _logger.info("train step compiled in %.1f s", compile_seconds)
     saved_params = list(net.get_parameters()) + list(optimizer.moments) + [optimizer.global_step]
 
-    collectives = distributed.Collectives(dist.world_size)
     ckpt_dir = os.path.join(cfg.output_dir, "ckpt")
     prefix = cfg.ckpt_prefix or cfg.model
     cfg_hash = config.config_hash(cfg)
@@ -111,12 +156,12 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
         _logger.info("saved %s", info.path)
 
     def evaluate() -> dict:
-        eval_batch = cfg.eval_batch_size or batch
-        data = pipeline.build_eval_dataset(test_split, batch_size=eval_batch, image_size=cfg.image_size,
-                                           world_size=dist.world_size, rank=dist.rank, workers=workers)
-        return engine.evaluate(net, data, eval_batch, collectives)
+        return evaluate_split(net, test_split, batch_size=cfg.eval_batch_size or batch, image_size=cfg.image_size,
+                              dist=dist, workers=workers, collectives=collectives)
 
-    progress = monitor.Progress(cfg.epochs, steps_per_epoch, cfg.batch_size, cfg.log_every)
+    progress = monitor.Progress(cfg.epochs, steps_per_epoch, cfg.batch_size, cfg.log_every, cfg.max_steps,
+                                bar=monitor.terminal(dist.is_main, launch.kind))
+    writer = monitor.open_metrics(dist.is_main, cfg.output_dir, cfg.tensorboard, dist.world_size, start.global_step)
     timer = monitor.StepTimer(images_per_step=cfg.batch_size)
     global_step, last_saved, metrics = start.global_step, start.global_step, None
     train_start = time.perf_counter()
@@ -128,7 +173,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
                                             seed=cfg.seed, shuffle=cfg.shuffle, augment=cfg.augment,
                                             padding=cfg.crop_padding, world_size=dist.world_size, rank=dist.rank,
                                             global_batch=cfg.batch_size, workers=workers, skip_steps=skip)
-        progress.start_epoch()
+        progress.start_epoch(epoch, skip)
         timer.restart_clock()
         step = skip
         for images, labels in data.create_tuple_iterator(num_epochs=1):
@@ -137,31 +182,42 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
             step_s = timer.step_done()
             step += 1
             global_step += 1
-            if step % cfg.log_every == 0 or step == steps_per_epoch:
+            if progress.is_log_step(step, global_step):
                 loss = float(collectives.sum([loss])[0]) / dist.world_size
-            progress.step(epoch, step, loss, float(lrs[global_step - 1]), step_s, data_s)
+            record = progress.step(step, global_step, loss, float(lrs[global_step - 1]), step_s, data_s)
+            if writer is not None and record is not None:
+                writer.write(record)
+            beat.update(epoch + 1, step, global_step)
             if cfg.max_steps and global_step >= cfg.max_steps:
                 break
         epoch_done = step == steps_per_epoch
         if epoch_done and ((epoch + 1) % cfg.save_every_epochs == 0 or epoch + 1 == cfg.epochs):
             save(epoch + 1, step, global_step)
             last_saved = global_step
-        if epoch_done and cfg.eval_every_epochs and (epoch + 1) % cfg.eval_every_epochs == 0 \
-                and epoch + 1 < cfg.epochs:
+        # The last epoch's evaluation is the final one, so its epoch summary can show it.
+        metrics = None
+        if epoch_done and (epoch + 1 == cfg.epochs
+                           or cfg.eval_every_epochs and (epoch + 1) % cfg.eval_every_epochs == 0):
             metrics = evaluate()
-            _logger.info("epoch %d eval accuracy %.4f (%d samples)", epoch + 1, metrics["accuracy"],
-                         metrics["num_samples"])
+        record = progress.end_epoch(float(collectives.sum([progress.epoch_loss()])[0]) / dist.world_size, metrics)
+        if writer is not None:
+            writer.write(record)
     train_seconds = time.perf_counter() - train_start
     if global_step != last_saved:
         save(epoch + 1, step, global_step)
+    if writer is not None:
+        writer.close()
 
-    metrics = evaluate()
+    if metrics is None:  # stopped early by max_steps, or resumed from a finished run
+        metrics = evaluate()
     result = {"accuracy": metrics["accuracy"], "num_samples": metrics["num_samples"], "correct": metrics["correct"],
               "loss": metrics["loss"], "world_size": dist.world_size, "epochs": cfg.epochs,
               "global_steps": global_step, "global_batch": cfg.batch_size, "per_rank_batch": batch,
               "train_seconds": round(train_seconds, 3), "images_per_sec": round(timer.images_per_sec(), 3),
-              "first_step_seconds": round(timer.first_step_s or 0.0, 3), "model": cfg.model,
-              "device_target": dist.device_target}
+              "first_step_seconds": round(timer.first_step_s or 0.0, 3), "compile_seconds": round(compile_seconds, 3),
+              "start_to_first_step_seconds": round(train_start - _PROCESS_START + (timer.first_step_s or 0.0), 3),
+              "model": cfg.model,
+              "device_target": dist.device_target, "skipped_images": len(excluded)}
     if dist.is_main:
         print(f"eval result: {{'accuracy': {metrics['accuracy']:.4f}}}", flush=True)
         with open(os.path.join(cfg.output_dir, "result.json"), "w", encoding="utf-8") as f:

@@ -1,8 +1,12 @@
-"""`python -m msdist.data synth OUT [--classes K --per_class M]`: data tools."""
+"""Data tools.
+
+    python -m msdist.data synth OUT [--classes K --per_class M]   write demo data
+    python -m msdist.data check DIR [--tiny N]                    validate an ImageFolder tree
+"""
 import argparse
 import sys
 
-from msdist.errors import ConfigError, cli_main
+from msdist.errors import ConfigError, DataError, cli_main
 
 
 class _Parser(argparse.ArgumentParser):
@@ -18,6 +22,11 @@ def _parser() -> argparse.ArgumentParser:
     synth.add_argument("--classes", type=int, default=4, help="number of classes (default 4)")
     synth.add_argument("--per_class", type=int, default=120, help="training images per class (default 120)")
     synth.add_argument("--seed", type=int, default=0)
+    check = sub.add_parser("check", help="decode every image of an ImageFolder tree and report what training "
+                                         "would trip over; exit 0 only when clean")
+    check.add_argument("dir", help="data root holding Training/ and Test/")
+    check.add_argument("--tiny", type=int, default=None, metavar="N",
+                       help="flag classes with fewer than N usable images (default 10)")
     return parser
 
 
@@ -31,7 +40,21 @@ def main(argv=None) -> int:
         counts = synthesize(args.out, args.classes, args.per_class, seed=args.seed)
         print(f"wrote {counts['Training']} training and {counts['Test']} test images in {args.classes} classes "
               f"to {args.out}")
+    elif args.command == "check":
+        _check(args.dir, args.tiny)
     return 0
+
+
+def _check(data_dir: str, tiny) -> None:
+    from msdist import runtime
+    runtime.prepare()   # PNG/BMP files are confirmed with MindSpore's decoder, which reads these variables
+    from msdist.data import check
+
+    report = check.scan(data_dir)
+    print(check.format_report(report, data_dir, check.TINY_CLASS if tiny is None else tiny), flush=True)
+    if not report.clean:
+        raise DataError(f"{data_dir} is not clean: {len(report.bad)} bad file(s) and {len(report.problems)} "
+                        "tree problem(s), listed above")
 
 
 if __name__ == "__main__":

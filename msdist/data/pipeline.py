@@ -42,6 +42,16 @@ def is_image(name: str) -> bool:
     return name.lower().endswith(IMAGE_EXTENSIONS)
 
 
+def check_data_dir(data_dir: str) -> None:
+    """Fail early, naming the path, when data_dir is unset or missing."""
+    if not data_dir:
+        raise DataError("data_dir is not set; pass --data_dir DIR (a folder with Training/ and Test/), "
+                        "or make demo data with: python -m msdist.data synth DIR")
+    if not os.path.isdir(data_dir):
+        raise DataError(f"data_dir {data_dir!r} does not exist; pass --data_dir pointing at a folder "
+                        f"with {TRAIN_SPLIT}/ and {TEST_SPLIT}/")
+
+
 def split_dir(data_dir: str, split: str) -> str:
     path = os.path.join(data_dir, split)
     if not os.path.isdir(path):

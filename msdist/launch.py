@@ -1,0 +1,375 @@
+"""`python -m msdist.launch -n N [launcher options] [train options]`: start and supervise a job.
+
+Starts MindSpore's dynamic cluster without OpenMPI: one scheduler (on node 0) and N local workers
+running `python -m msdist.train`. Every option the launcher does not know goes to msdist.train.
+
+The launcher is a supervisor:
+
+* any worker that exits non-zero, dies by a signal, or stops beating (see msdist.heartbeat) fails
+  the attempt: every other process is stopped within seconds, and one line names the rank, how it
+  failed and the last epoch/step it reported, followed by the tail of its traceback;
+* with `--max_restarts K` it then restarts all ranks with `--resume auto`, up to K times;
+* SIGTERM or Ctrl-C stops every process it started; each worker also gets SIGKILL from the kernel
+  if the launcher itself dies (PR_SET_PDEATHSIG), so no path leaves orphans behind.
+
+Stall detection counts from a rank's first heartbeat, which msdist.train writes before cluster
+init. Until the rank's first training step the limit is --startup_timeout, because MindSpore's
+cluster init and compiler can hold the Python lock (and so silence the heartbeat thread) for a
+while; from then on it is --heartbeat_timeout.
+"""
+import argparse
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from msdist import config, distributed, heartbeat
+from msdist.errors import ConfigError, cli_main
+
+_POLL_S = 0.5
+_TERM_GRACE_S = 4.0            # SIGTERM -> SIGKILL; keeps "all stopped" well under 15 s
+_PORT_RELEASE_S = 30.0         # an explicit port must come free again before a restart
+_TRACEBACK_LINES = 12
+_PR_SET_PDEATHSIG = 1
+
+
+def _say(message: str) -> None:
+    print(f"msdist.launch: {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- options
+
+@dataclass(frozen=True)
+class Plan:
+    """What to launch on this node, resolved from the command line."""
+    nproc: int
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int            # 0 = pick a free port for each attempt (single node only)
+    max_restarts: int
+    heartbeat_timeout: float
+    startup_timeout: float       # the stall limit until a rank's first training step
+    train_args: List[str]
+    output_dir: str
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes
+
+    def global_rank(self, local_rank: int) -> int:
+        return self.node_rank * self.nproc + local_rank
+
+    @property
+    def log_dir(self) -> str:
+        return os.path.join(self.output_dir, "logs")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise ConfigError(message)
+
+
+def _build_parser() -> _Parser:
+    p = _Parser(prog="msdist.launch", allow_abbrev=False,
+                description="Start N ranks of msdist.train on this node; unknown options go to msdist.train.")
+    p.add_argument("-n", "--nproc_per_node", type=int, required=True, help="ranks (worker processes) on this node")
+    p.add_argument("--nnodes", type=int, default=1, help="number of nodes, each running one launcher [1]")
+    p.add_argument("--node_rank", type=int, default=0, help="this node's index, 0..nnodes-1; node 0 hosts the "
+                   "scheduler [0]")
+    p.add_argument("--master_addr", default="", help="address of node 0; required with --nnodes > 1 "
+                   "[127.0.0.1 on a single node]")
+    p.add_argument("--master_port", type=int, default=0, help="scheduler port on node 0; required with --nnodes > 1 "
+                   "[a free port]")
+    p.add_argument("--max_restarts", type=int, default=0, help="restart all ranks with --resume auto after a "
+                   "failure, up to this many times [0]")
+    p.add_argument("--heartbeat_timeout", type=float, default=120.0, help="seconds without a heartbeat after "
+                   "which a training rank counts as stalled [120]")
+    p.add_argument("--startup_timeout", type=float, default=600.0, help="the same limit before a rank's first "
+                   "training step, while MindSpore's cluster init and compiler may hold the Python lock [600]")
+    return p
+
+
+def parse_args(argv: Optional[List[str]] = None) -> Plan:
+    """Split launcher options from train options and check both before anything starts.
+
+    Raises:
+        ConfigError: a bad launcher option, or a train config that msdist.train would reject.
+    """
+    ns, train_args = _build_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
+    if ns.nproc_per_node < 1:
+        raise ConfigError(f"-n {ns.nproc_per_node}: need at least one rank per node")
+    if ns.nnodes < 1 or not 0 <= ns.node_rank < ns.nnodes:
+        raise ConfigError(f"--node_rank {ns.node_rank} must be in 0..{ns.nnodes - 1} (--nnodes {ns.nnodes})")
+    if ns.nnodes > 1 and not (ns.master_addr and ns.master_port):
+        raise ConfigError("--nnodes > 1 needs --master_addr (node 0's address reachable from every node) and "
+                          "--master_port, the same on every node")
+    if not 0 <= ns.master_port < 65536:
+        raise ConfigError(f"--master_port {ns.master_port} is not a TCP port")
+    if ns.max_restarts < 0 or ns.heartbeat_timeout <= 0 or ns.startup_timeout <= 0:
+        raise ConfigError("--max_restarts must be >= 0, --heartbeat_timeout and --startup_timeout > 0")
+    cfg = config.parse(train_args)  # fail here, once, rather than in N ranks
+    return Plan(ns.nproc_per_node, ns.nnodes, ns.node_rank, ns.master_addr or "127.0.0.1", ns.master_port,
+                ns.max_restarts, ns.heartbeat_timeout, ns.startup_timeout, list(train_args),
+                os.path.abspath(cfg.output_dir))
+
+
+# ---------------------------------------------------------------- processes
+
+def _die_with_launcher() -> None:
+    """Runs in each worker before exec: the kernel kills it if the launcher dies, even by SIGKILL."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:  # not glibc: SIGTERM/Ctrl-C cleanup still works, only launcher SIGKILL could orphan
+        pass
+
+
+@dataclass
+class _Worker:
+    rank: int
+    proc: subprocess.Popen
+    heartbeat_path: str
+    log_offsets: Dict[str, int]   # log file sizes at spawn: logs are appended to across attempts
+
+
+def _log_paths(log_dir: str, rank: int) -> List[str]:
+    """Where a rank's traceback can be: its msdist log (cli_main), else its raw output."""
+    return [os.path.join(log_dir, f"rank_{rank}.log"), os.path.join(log_dir, f"rank_{rank}.out")]
+
+
+def _spawn_worker(plan: Plan, local_rank: int, host: str, port: int, train_args: List[str]) -> _Worker:
+    rank = plan.global_rank(local_rank)
+    env = dict(os.environ, **distributed.cluster_env(host, port, plan.world_size), MS_ROLE="MS_WORKER",
+               MS_NODE_ID=str(rank), MSDIST_LOCAL_RANK=str(local_rank), MSDIST_LOCAL_WORLD_SIZE=str(plan.nproc))
+    beat = heartbeat.path_for(plan.log_dir, rank)
+    if os.path.exists(beat):
+        os.remove(beat)  # a previous attempt's heartbeat must not count for this one
+    offsets = {path: os.path.getsize(path) if os.path.exists(path) else 0 for path in _log_paths(plan.log_dir, rank)}
+    out = None
+    if rank != 0:  # rank 0 speaks on the console; the others' raw output goes to a file
+        out = open(os.path.join(plan.log_dir, f"rank_{rank}.out"), "ab")
+    try:
+        # Own session: the whole tree (dataset workers included) can be signalled as one group.
+        proc = subprocess.Popen([sys.executable, "-m", "msdist.train", *train_args], env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True,
+                                preexec_fn=_die_with_launcher)
+    finally:
+        if out is not None:
+            out.close()
+    return _Worker(rank, proc, beat, offsets)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop_all(workers: List[_Worker], scheduler: Optional[subprocess.Popen]) -> None:
+    """SIGTERM every worker group, SIGKILL what is left after a grace period, reap everything."""
+    for w in workers:
+        if w.proc.poll() is None:
+            _signal_group(w.proc, signal.SIGTERM)
+            _signal_group(w.proc, signal.SIGCONT)  # a stopped (SIGSTOP) rank must run to see SIGTERM
+    deadline = time.monotonic() + _TERM_GRACE_S
+    while time.monotonic() < deadline and any(w.proc.poll() is None for w in workers):
+        time.sleep(0.1)
+    for w in workers:
+        _signal_group(w.proc, signal.SIGKILL)  # also takes children left in the group by a leader that exited
+        w.proc.wait()
+    if scheduler is not None and scheduler.poll() is None:
+        scheduler.kill()  # its watchdog; the scheduler proper gets SIGKILL from the kernel (msdist.scheduler)
+    if scheduler is not None:
+        scheduler.wait()
+
+
+# ---------------------------------------------------------------- failure reports
+
+@dataclass
+class Failure:
+    rank: int
+    how: str                         # "exit code 1", "killed by SIGKILL", "stalled: ..."
+    beat: Optional[dict] = None
+    tail: List[str] = field(default_factory=list)
+    stalled: bool = False
+    seen_at: float = field(default_factory=time.monotonic)   # when the launcher noticed
+
+    def summary(self) -> str:
+        if self.beat is None:
+            where = "no heartbeat yet"
+        elif self.beat["epoch"] == 0:
+            where = "no training step yet (cluster init, compile or resume)"
+        else:
+            where = (f"last reported epoch {self.beat['epoch']} step {self.beat['step']} "
+                     f"(global step {self.beat['global_step']})")
+        return f"rank {self.rank} failed: {self.how}; {where}"
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _lines_since(path: str, offset: int, limit: int = 400) -> List[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", errors="replace").splitlines()[-limit:]
+    except OSError:
+        return []
+
+
+def traceback_tail(log_offsets: Dict[str, int]) -> List[str]:
+    """The end of the last traceback (or else the last error line) written after the given offsets.
+
+    Args:
+        log_offsets: log path -> where this attempt began, in the order to search them.
+    """
+    for path, offset in log_offsets.items():
+        lines = _lines_since(path, offset)
+        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+        if starts:
+            return lines[starts[-1]:][-_TRACEBACK_LINES:]
+        errors = [line for line in lines if " ERROR " in line or line.startswith("msdist: error")]
+        if errors:
+            return errors[-1:]
+    return []
+
+
+def _check_worker(w: _Worker, plan: Plan) -> Optional[Failure]:
+    code = w.proc.poll()
+    beat = heartbeat.read(w.heartbeat_path)
+    if beat is not None and beat.get("pid") != w.proc.pid:
+        beat = None  # left by an older process
+    if code is not None and code < 0:
+        return Failure(w.rank, _describe_exit(code), beat)  # killed: there is no traceback to show
+    if code is not None and code > 0:
+        return Failure(w.rank, _describe_exit(code), beat, traceback_tail(w.log_offsets))
+    if code is None and beat is not None:
+        silent = time.time() - beat["time"]
+        # Measured: the heartbeat thread misses ~8 s during cluster init on a busy 2-core machine.
+        training = beat["epoch"] > 0
+        limit = plan.heartbeat_timeout if training else plan.startup_timeout
+        if silent > limit:
+            option = "--heartbeat_timeout" if training else "--startup_timeout"
+            return Failure(w.rank, f"stalled: no heartbeat for {silent:.0f} s ({option} {limit:g})", beat,
+                           stalled=True)
+    return None
+
+
+def _first_cause(failures: List[Failure]) -> Failure:
+    """A rank that died explains the others; among stalls, the rank silent the longest blocked the rest."""
+    return min(failures, key=lambda f: (f.stalled, f.beat["time"] if f.stalled else 0.0))
+
+
+# ---------------------------------------------------------------- one attempt
+
+class _Stop(Exception):
+    """SIGTERM or SIGINT reached the launcher."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _pick_port(plan: Plan, attempt: int) -> int:
+    if plan.master_port == 0:
+        return distributed.free_port(plan.master_addr)
+    if plan.node_rank == 0 and attempt > 0:
+        # The previous scheduler was just killed; its socket can linger briefly.
+        deadline = time.monotonic() + _PORT_RELEASE_S
+        while distributed.port_in_use(plan.master_addr, plan.master_port) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    return plan.master_port
+
+
+def run_attempt(plan: Plan, train_args: List[str], attempt: int) -> Optional[Failure]:
+    """Run every local rank to the end; return None on success or the first failure seen."""
+    port = _pick_port(plan, attempt)
+    scheduler, workers = None, []
+    try:
+        if plan.node_rank == 0:
+            scheduler = distributed.start_scheduler(plan.master_addr, port, plan.world_size,
+                                                    os.path.join(plan.log_dir, "scheduler.log"))
+        # Workers that find no scheduler back off for tens of seconds, so only start them once it listens.
+        distributed.wait_until_listening(plan.master_addr, port)
+        workers = [_spawn_worker(plan, i, plan.master_addr, port, train_args) for i in range(plan.nproc)]
+        while True:
+            failures = [f for f in (_check_worker(w, plan) for w in workers) if f is not None]
+            if failures:
+                return _first_cause(failures)
+            if all(w.proc.poll() == 0 for w in workers):
+                distributed.stop_scheduler(scheduler)  # it leaves by itself after the last worker
+                return None
+            if scheduler is not None and scheduler.poll() not in (None, 0):
+                return Failure(-1, f"the scheduler exited with code {scheduler.returncode} "
+                                   f"(see {plan.log_dir}/scheduler.log)")
+            time.sleep(_POLL_S)
+    finally:
+        _stop_all(workers, scheduler)
+
+
+def _report(failure: Failure, stopped_in_s: float) -> None:
+    _say(f"{failure.summary()}; stopped all processes in {stopped_in_s:.1f} s")
+    for line in failure.tail:
+        print(f"  rank {failure.rank} | {line}", file=sys.stderr, flush=True)
+
+
+def supervise(plan: Plan) -> int:
+    """Run attempts until one succeeds or the restart budget is spent; return the exit status."""
+    os.makedirs(plan.log_dir, exist_ok=True)
+    if plan.node_rank == 0 and plan.master_port and distributed.port_in_use(plan.master_addr, plan.master_port):
+        raise ConfigError(f"--master_port {plan.master_port} is already in use on {plan.master_addr}; "
+                          "choose another port or omit --master_port to pick a free one")
+    train_args = plan.train_args
+    for attempt in range(plan.max_restarts + 1):
+        if attempt:
+            train_args = plan.train_args + ["--resume", "auto"]
+            _say(f"restart {attempt} of {plan.max_restarts}: restarting all {plan.world_size} ranks with "
+                 "--resume auto")
+        _say(f"attempt {attempt + 1}: starting {plan.nproc} of {plan.world_size} ranks on node {plan.node_rank}; "
+             f"logs in {plan.log_dir}")
+        began = time.monotonic()
+        failure = run_attempt(plan, train_args, attempt)
+        if failure is None:
+            _say(f"all ranks finished in {time.monotonic() - began:.0f} s")
+            return 0
+        _report(failure, time.monotonic() - failure.seen_at)
+    spent = f" after {plan.max_restarts} restart(s)" if plan.max_restarts else ""
+    # MindSpore ends ranks whose peer on another node vanished (~30 s), so the cause may be elsewhere.
+    elsewhere = "; with several nodes the first failure may be on another node: see its launcher" \
+        if plan.nnodes > 1 else ""
+    _say(f"FAILED{spent}: {failure.summary()}{elsewhere}")
+    return 1
+
+
+def _raise_stop(signum, _frame):
+    # Ignore repeats so a second Ctrl-C cannot interrupt the cleanup of the first.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise _Stop(signum)
+
+
+@cli_main
+def main(argv: Optional[List[str]] = None) -> int:
+    plan = parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGINT, _raise_stop)
+    try:
+        return supervise(plan)
+    except _Stop as stop:  # run_attempt's cleanup has already stopped everything
+        _say(f"stopped by {stop}; all processes it started are gone")
+        return 128 + stop.signum
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,207 @@
+"""`python -m msdist.report OUTPUT_DIR [OUTPUT_DIR ...]`: curves and a one-screen summary of runs.
+
+Reads what a run leaves in its output directory: `metrics.jsonl` (written by rank 0 while it
+trains, so a running job can be reported too), `config.yaml` and, once finished, `result.json`.
+Draws loss, accuracy, learning rate and throughput against epoch into one PNG, every run overlaid
+in its own colour, and prints config, world size, best and final accuracy, time and img/s.
+Needs matplotlib: `pip install 'msdist[report]'`.
+"""
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+import yaml
+
+from msdist.config import _Parser
+from msdist.errors import ConfigError, DataError, cli_main
+from msdist.monitor import METRICS_FILE, format_duration
+
+# Options every summary shows; any other option whose value differs between the runs is added.
+_KEY_OPTIONS = ("model", "image_size", "batch_size", "epochs", "lr", "scale_lr", "lr_schedule", "sync_bn", "seed")
+# Options that name places or logging, never a difference worth reporting.
+_IGNORED_OPTIONS = {"config", "data_dir", "output_dir", "ckpt_prefix", "resume", "log_every", "verbose",
+                    "tensorboard", "keep_checkpoint_max"}
+
+
+@dataclass
+class Run:
+    """One output directory, read back."""
+    path: str
+    label: str
+    config: dict
+    result: Optional[dict]
+    world_size: Optional[int]
+    steps: List[dict] = field(default_factory=list)
+    epochs: List[dict] = field(default_factory=list)
+
+    def best_accuracy(self) -> Optional[tuple]:
+        """(accuracy, epoch) of the best evaluation, None when the run never evaluated."""
+        scored = [(e["val_accuracy"], e["epoch"]) for e in self.epochs if "val_accuracy" in e]
+        if self.result is not None:  # the final evaluation; a run stopped by max_steps has no epoch record of it
+            scored.append((self.result["accuracy"], self.epochs[-1]["epoch"] if self.epochs else self.result["epochs"]))
+        return max(scored, key=lambda s: s[0]) if scored else None
+
+    def final_accuracy(self) -> Optional[float]:
+        if self.result is not None:
+            return self.result["accuracy"]
+        scored = [e["val_accuracy"] for e in self.epochs if "val_accuracy" in e]
+        return scored[-1] if scored else None
+
+    def train_seconds(self) -> Optional[float]:
+        if self.result is not None:
+            return self.result.get("train_seconds")
+        return sum(e["epoch_seconds"] for e in self.epochs) if self.epochs else None
+
+    def images_per_sec(self) -> Optional[float]:
+        if self.result is not None:
+            return self.result.get("images_per_sec")
+        return self.epochs[-1]["images_per_sec"] if self.epochs else None
+
+
+def _epoch_axis(record: dict) -> float:
+    """Fractional epochs done at a record: a step line half-way through epoch 3 sits at 2.5."""
+    return record["epoch"] - 1 + record["step"] / record["steps_per_epoch"]
+
+
+def _read_json(path: str) -> Optional[dict]:
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def load_run(path: str, label: Optional[str] = None) -> Run:
+    """Read one output directory.
+
+    Raises:
+        DataError: the directory has no metrics.jsonl, or a line of it is not JSON.
+    """
+    metrics = os.path.join(path, METRICS_FILE)
+    if not os.path.isfile(metrics):
+        raise DataError(f"{path!r} has no {METRICS_FILE}; pass the --output_dir of an msdist.train run")
+    records = []
+    with open(metrics, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    raise DataError(f"{metrics}:{number} is not a JSON object; the file is damaged") from None
+    config_path = os.path.join(path, "config.yaml")
+    config = {}
+    if os.path.isfile(config_path):
+        with open(config_path, encoding="utf-8") as f:
+            config = yaml.safe_load(f) or {}
+    result = _read_json(os.path.join(path, "result.json"))
+    starts = [r for r in records if r["kind"] == "run"]
+    world = result["world_size"] if result else (starts[-1]["world_size"] if starts else None)
+    name = label or os.path.basename(os.path.normpath(path))
+    return Run(path, name if world is None else f"{name} ({world}p)", config, result, world,
+               [r for r in records if r["kind"] == "step"], [r for r in records if r["kind"] == "epoch"])
+
+
+def _fmt(value, spec: str = "") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _duration(seconds: Optional[float]) -> str:
+    return "-" if seconds is None else format_duration(seconds)
+
+
+def summary(runs: Sequence[Run]) -> str:
+    """The text summary: shared and differing config, then one row per run."""
+    configs = [r.config for r in runs]
+    keys = [k for k in _KEY_OPTIONS if any(k in c for c in configs)]
+    differing = sorted({k for c in configs for k in c if k not in _IGNORED_OPTIONS and k not in keys
+                        and len({json.dumps(x.get(k)) for x in configs}) > 1})
+    lines = []
+    for run in runs:
+        shown = " ".join(f"{k}={run.config[k]}" for k in keys + differing if k in run.config)
+        lines.append(f"{run.label}: {run.path}")
+        lines.append(f"    {shown or '(no config.yaml)'}")
+    header = f"{'run':<24} {'world':>5} {'best acc (epoch)':>17} {'final acc':>9} {'train time':>10} {'img/s':>9}"
+    lines += ["", header, "-" * len(header)]
+    for run in runs:
+        best = run.best_accuracy()
+        best_text = "-" if best is None else f"{best[0]:.4f} ({best[1]})"
+        lines.append(f"{run.label:<24} {_fmt(run.world_size):>5} {best_text:>17} {_fmt(run.final_accuracy(), '.4f'):>9}"
+                     f" {_duration(run.train_seconds()):>10} {_fmt(run.images_per_sec(), '.1f'):>9}")
+    return "\n".join(lines)
+
+
+def _import_pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("the report needs matplotlib: pip install 'msdist[report]' (or pip install matplotlib)") \
+            from None
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot(runs: Sequence[Run], out_path: str) -> None:
+    """Write the 2x2 figure: loss, accuracy, learning rate and throughput against epoch."""
+    plt = _import_pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
+    (ax_loss, ax_acc), (ax_lr, ax_speed) = axes
+    for i, run in enumerate(runs):
+        color = f"C{i}"
+        steps_x = [_epoch_axis(r) for r in run.steps]
+        evals = [e for e in run.epochs if "val_accuracy" in e]
+        evals_x = [_epoch_axis(e) for e in evals]
+        ax_loss.plot(steps_x, [r["loss"] for r in run.steps], color=color, alpha=0.35, linewidth=1)
+        ax_loss.plot([_epoch_axis(e) for e in run.epochs], [e["train_loss"] for e in run.epochs], color=color,
+                     marker="o", label=f"{run.label} train")
+        ax_loss.plot(evals_x, [e["val_loss"] for e in evals], color=color, marker="s", linestyle="--",
+                     label=f"{run.label} val")
+        ax_acc.plot(evals_x, [e["val_accuracy"] for e in evals], color=color, marker="o", label=run.label)
+        ax_lr.plot(steps_x, [r["lr"] for r in run.steps], color=color, label=run.label)
+        ax_speed.plot(steps_x, [r["images_per_sec"] for r in run.steps], color=color, alpha=0.6, label=run.label)
+    titles = (("loss (thin: logged steps, o: epoch mean, --: val)", "loss"), ("validation accuracy", "accuracy"),
+              ("learning rate", "lr"), ("throughput, all ranks", "images/s"))
+    for ax, (title, ylabel) in zip(axes.flat, titles):
+        ax.set_title(title)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
+    ax_loss.set_yscale("log")  # the first epoch's losses would flatten the rest of the curve
+    ax_acc.set_ylim(top=1.01)  # a run at 100% keeps its points inside the frame
+    fig.savefig(out_path, dpi=100)
+    plt.close(fig)
+
+
+def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = _Parser(prog="msdist.report", allow_abbrev=False,
+                     description="Curves (report.png) and a text summary of one or more msdist.train runs; "
+                                 "several OUTPUT_DIRs are overlaid.")
+    parser.add_argument("output_dirs", nargs="+", metavar="OUTPUT_DIR", help="a run's --output_dir")
+    parser.add_argument("--out", default="", help="PNG to write [OUTPUT_DIR/report.png for one run, "
+                                                  "./report.png for several]")
+    parser.add_argument("--label", action="append", default=[],
+                        help="legend name of each run, in order (repeat the option) [the directory name]")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.label and len(args.label) != len(args.output_dirs):
+        raise ConfigError(f"got {len(args.label)} --label for {len(args.output_dirs)} OUTPUT_DIRs; give one per run")
+    return args
+
+
+@cli_main
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parse(argv)
+    labels = args.label or [None] * len(args.output_dirs)
+    runs = [load_run(path, label) for path, label in zip(args.output_dirs, labels)]
+    out = args.out or (os.path.join(args.output_dirs[0], "report.png") if len(runs) == 1 else "report.png")
+    plot(runs, out)
+    print(summary(runs))
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

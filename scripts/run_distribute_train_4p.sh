@@ -1,0 +1,3 @@
+#!/usr/bin/env bash
+# 4-process data-parallel training: bash scripts/run_distribute_train_4p.sh --config CONFIG --data_dir DIR [...]
+exec bash "$(dirname "$0")/run_distribute_train.sh" 4 "$@"

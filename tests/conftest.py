@@ -1,0 +1,65 @@
+"""Shared fixtures: the real data, and running msdist entry points as real processes."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REAL_DATA = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "fruits360-4"))
+TINY_CONFIG = os.path.join(REPO, "configs", "tiny_test.yaml")
+# OpenMPI refuses root (CI runs as root) without these; --oversubscribe allows more ranks than cores.
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+@pytest.fixture(scope="session")
+def data_dir():
+    assert os.path.isdir(REAL_DATA), f"real test data missing at {REAL_DATA}"
+    return REAL_DATA
+
+
+def base_env() -> dict:
+    env = dict(os.environ, **MPI_ENV)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def mpirun(n: int) -> list:
+    return ["mpirun", "-n", str(n), "--oversubscribe"]
+
+
+def run_msdist(module: str, args: list, ranks: int = 1, timeout: int = 300, check: bool = True,
+               env: dict = None) -> subprocess.CompletedProcess:
+    """Run `python -m msdist.<module> args`, under `mpirun -n ranks` when ranks > 1."""
+    cmd = (mpirun(ranks) if ranks > 1 else []) + [sys.executable, "-m", f"msdist.{module}"] + list(args)
+    proc = subprocess.run(cmd, cwd=REPO, env={**base_env(), **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\n"
+                             f"stderr:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def tiny_args(data_dir: str, output_dir, *extra) -> list:
+    return ["--config", TINY_CONFIG, "--data_dir", str(data_dir), "--output_dir", str(output_dir), *map(str, extra)]
+
+
+def load_params(path: str, include_state: bool = False) -> dict:
+    """Model parameters of a checkpoint as float64 arrays (optimizer state left out unless asked)."""
+    import mindspore as ms
+    raw = ms.load_checkpoint(path)
+    out = {}
+    for name, value in raw.items():
+        if not hasattr(value, "asnumpy"):
+            continue
+        if not include_state and (name.startswith("moments.") or name == "global_step"):
+            continue
+        out[name] = value.asnumpy().astype(np.float64)
+    return out
+
+
+def checkpoints(output_dir, rank: int) -> list:
+    folder = os.path.join(str(output_dir), "ckpt")
+    return sorted(os.path.join(folder, f) for f in os.listdir(folder)
+                  if f.endswith(".ckpt") and f"_rank{rank}-" in f and not f.startswith("."))

@@ -1,0 +1,291 @@
+"""Core issue: single-card and mpirun data-parallel training, checkpoints, resume, one evaluation result."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import (REPO, TINY_CONFIG, base_env, checkpoints, load_params, mpirun, run_msdist, tiny_args)
+from msdist import config, distributed, optim
+from msdist.data import pipeline
+from msdist.errors import ConfigError, DataError
+
+TEST_SIZE = 662
+
+
+# ---------------------------------------------------------------- fast, in-process
+
+
+def test_every_config_parses():
+    names = sorted(f for f in os.listdir(os.path.join(REPO, "configs")) if f.endswith(".yaml"))
+    assert {"resnet50_fruits360.yaml", "resnet18_fruits360.yaml", "tiny_test.yaml"} <= set(names)
+    for name in names:
+        cfg = config.parse(["--config", os.path.join(REPO, "configs", name)])
+        assert cfg.model and cfg.batch_size > 0, name
+
+
+def test_seed_config_matches_the_tutorial():
+    cfg = config.parse(["--config", os.path.join(REPO, "configs", "resnet50_fruits360.yaml")])
+    assert (cfg.model, cfg.batch_size, cfg.lr, cfg.momentum, cfg.loss_scale, cfg.epochs, cfg.image_size) == \
+        ("resnet50", 32, 0.01, 0.9, 1024.0, 10, 100)
+
+
+def test_cli_overrides_yaml_and_rejects_unknown_keys(tmp_path):
+    cfg = config.parse(["--config", TINY_CONFIG, "--lr", "0.5", "--augment", "false"])
+    assert cfg.lr == 0.5 and cfg.augment is False and cfg.model == "resnet_tiny"
+    with pytest.raises(ConfigError, match="did you mean --epochs"):
+        config.parse(["--epochs_num", "3"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("batch_sise: 4\n")
+    with pytest.raises(ConfigError, match="batch_sise.*did you mean --batch_size"):
+        config.parse(["--config", str(bad)])
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = config.parse(["--config", TINY_CONFIG, "--seed", "7"])
+    path = tmp_path / "config.yaml"
+    config.save(cfg, str(path))
+    again = config.parse(["--config", str(path)])
+    assert vars(again) == {**vars(cfg), "config": str(path)}
+    assert config.config_hash(again) == config.config_hash(cfg)
+
+
+def test_lr_schedules_with_warmup():
+    const = optim.lr_schedule("constant", 0.1, epochs=2, steps_per_epoch=10, warmup_epochs=1)
+    assert len(const) == 20 and const[0] == pytest.approx(0.01) and const[9] == pytest.approx(0.1)
+    assert const[19] == pytest.approx(0.1)
+    step = optim.lr_schedule("step", 0.1, epochs=6, steps_per_epoch=2, step_size=2, gamma=0.1)
+    assert step[3] == pytest.approx(0.1) and step[4] == pytest.approx(0.01) and step[8] == pytest.approx(0.001)
+    cos = optim.lr_schedule("cosine", 0.1, epochs=4, steps_per_epoch=5, min_lr=0.0)
+    assert cos[0] == pytest.approx(0.1) and cos[-1] < 0.002 and np.all(np.diff(cos) <= 0)
+
+
+def test_device_backend_and_launch_choice():
+    assert distributed.choose_device_target("auto", has_gpu=True) == "GPU"
+    assert distributed.choose_device_target("auto", has_gpu=False) == "CPU"
+    assert distributed.choose_device_target("CPU", has_gpu=True) == "CPU"
+    with pytest.raises(RuntimeError, match="GPU backend is not usable"):
+        distributed.choose_device_target("GPU", has_gpu=False)
+    assert distributed.backend_for("GPU") == "nccl" and distributed.backend_for("CPU") == "mccl"
+    mpi = distributed.detect_launch({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3",
+                                     "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+                                     "OMPI_MCA_ess_base_jobid": "77"})
+    assert (mpi.kind, mpi.rank, mpi.world_size, mpi.local_rank, mpi.local_world_size, mpi.job_id) == \
+        ("mpirun", 3, 4, 1, 2, "77")
+    # GPU keeps MindSpore's own OpenMPI path; CPU must bridge to the dynamic cluster.
+    assert distributed.needs_cluster_bridge(mpi, "CPU") and not distributed.needs_cluster_bridge(mpi, "GPU")
+    cluster = distributed.detect_launch({"MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "2", "MS_NODE_ID": "1"})
+    assert (cluster.kind, cluster.rank, cluster.world_size) == ("cluster", 1, 2)
+    assert not distributed.needs_cluster_bridge(cluster, "CPU")
+    assert distributed.detect_launch({}).kind == "standalone"
+
+
+def test_class_map_stays_aligned_when_test_lacks_a_class(tmp_path, data_dir):
+    for split, classes in (("Training", ["apple", "lemon", "mango"]), ("Test", ["apple", "mango"])):
+        for name in classes:
+            os.makedirs(tmp_path / split / name)
+            src = os.path.join(data_dir, split, name)
+            for f in sorted(os.listdir(src))[:2]:
+                shutil.copy(os.path.join(src, f), tmp_path / split / name / f)
+    classes = pipeline.class_map(str(tmp_path))
+    test = pipeline.list_split(str(tmp_path), "Test", classes)
+    assert classes == {"apple": 0, "lemon": 1, "mango": 2}
+    assert sorted(set(test.labels)) == [0, 2]  # mango keeps label 2 although lemon is absent
+    os.makedirs(tmp_path / "Test" / "kiwi")
+    with pytest.raises(DataError, match="kiwi"):
+        pipeline.list_split(str(tmp_path), "Test", classes)
+
+
+def test_eval_shards_cover_test_exactly_once():
+    for world in (1, 2, 3, 4, 8):
+        shards = [pipeline.eval_indices(TEST_SIZE, world, r) for r in range(world)]
+        assert sorted(np.concatenate(shards).tolist()) == list(range(TEST_SIZE))
+
+
+def test_indivisible_batch_is_a_clear_error():
+    with pytest.raises(DataError, match="batch_size 15 .* multiple of 2"):
+        pipeline.per_rank_batch(15, 2)
+
+
+@pytest.mark.parametrize("name", ["resnet_tiny", "resnet18", "resnet34", "resnet50", "resnet101"])
+def test_model_forward_shape(name):
+    import mindspore as ms
+    from models import create_model, list_models
+    assert name in list_models()
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    net = create_model(name, num_classes=5)
+    net.set_train(False)
+    out = net(ms.Tensor(np.random.default_rng(0).random((2, 3, 32, 32), dtype=np.float32))).asnumpy()
+    assert out.shape == (2, 5) and np.isfinite(out).all()
+
+
+def test_zero_init_last_bn():
+    from models import create_model
+    net = create_model("resnet50", 3, zero_init_last_bn=True)
+    gammas = {p.name: p.asnumpy() for p in net.get_parameters() if p.name.endswith("bn3.gamma")}
+    assert len(gammas) == 16 and all(np.all(g == 0) for g in gammas.values())
+
+
+# ---------------------------------------------------------------- real runs
+
+
+@pytest.fixture(scope="module")
+def standalone_run(tmp_path_factory, data_dir):
+    out = tmp_path_factory.mktemp("standalone")
+    proc = run_msdist("train", tiny_args(data_dir, out, "--epochs", 1, "--max_steps", 60))
+    return out, proc
+
+
+def test_standalone_run_learns_and_reports(standalone_run):
+    out, proc = standalone_run
+    result = json.loads((out / "result.json").read_text())
+    assert result["accuracy"] > 0.7, result  # 4 classes: chance is 0.25
+    assert result["num_samples"] == TEST_SIZE and result["world_size"] == 1
+    assert result["images_per_sec"] > 0 and result["train_seconds"] > 0 and result["epochs"] == 1
+    assert proc.stdout.count("eval result: {'accuracy': ") == 1
+    assert "global batch 16 = 16 per rank" in proc.stdout
+    assert yaml.safe_load((out / "config.yaml").read_text())["model"] == "resnet_tiny"
+    assert (out / "logs" / "rank_0.log").exists()
+    assert [os.path.basename(p) for p in checkpoints(out, 0)] == ["resnet_tiny_rank0-1_60.ckpt"]
+    assert "[INFO]" not in proc.stderr and "[WARNING]" not in proc.stderr  # MindSpore's C++ logs are off
+
+
+def test_eval_cli_standalone_and_mpirun_agree(standalone_run, data_dir, tmp_path):
+    out, _ = standalone_run
+    expected = json.loads((out / "result.json").read_text())["accuracy"]
+    ckpt = checkpoints(out, 0)[0]
+    for ranks in (1, 2):
+        eval_out = tmp_path / f"eval{ranks}"
+        proc = run_msdist("eval", tiny_args(data_dir, eval_out, "--ckpt", ckpt), ranks=ranks)
+        assert proc.stdout.count("eval result:") == 1
+        got = json.loads((eval_out / "eval_result.json").read_text())
+        assert got["num_samples"] == TEST_SIZE and got["world_size"] == ranks
+        assert got["accuracy"] == pytest.approx(expected, abs=1e-12)
+
+
+def _schedulers_of(output_dir) -> set:
+    """Scheduler processes (watchdog and MindSpore scheduler) of one job: their stdout is its scheduler.log."""
+    found = set()
+    for pid in _pids_of("msdist.scheduler"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/1").startswith(str(output_dir)):
+                found.add(pid)
+        except OSError:
+            pass
+    return found
+
+
+def _wait_until_no_scheduler(output_dir, timeout_s: float) -> set:
+    deadline = time.time() + timeout_s
+    while _schedulers_of(output_dir) and time.time() < deadline:
+        time.sleep(0.5)
+    return _schedulers_of(output_dir)
+
+
+@pytest.fixture(scope="module")
+def mpirun_run(tmp_path_factory, data_dir):
+    out = tmp_path_factory.mktemp("mpirun2")
+    proc = run_msdist("train", tiny_args(data_dir, out, "--epochs", 1, "--max_steps", 40), ranks=2)
+    return out, proc
+
+
+def test_mpirun_two_ranks_one_result(mpirun_run):
+    out, proc = mpirun_run
+    assert proc.stdout.count("eval result: {'accuracy': ") == 1
+    result = json.loads((out / "result.json").read_text())
+    assert result["num_samples"] == TEST_SIZE and result["world_size"] == 2
+    assert result["accuracy"] > 0.7 and result["per_rank_batch"] == 8
+    assert "global batch 16 = 8 per rank" in proc.stdout
+    assert (out / "logs" / "rank_0.log").exists() and (out / "logs" / "rank_1.log").exists()
+    assert "rank1" not in proc.stdout  # only rank 0 speaks on the console
+
+
+def test_mpirun_checkpoints_are_per_rank_and_identical(mpirun_run):
+    out, _ = mpirun_run
+    (rank0,), (rank1,) = checkpoints(out, 0), checkpoints(out, 1)
+    assert os.path.basename(rank0) == "resnet_tiny_rank0-1_40.ckpt"
+    assert os.path.basename(rank1) == "resnet_tiny_rank1-1_40.ckpt"
+    a, b = load_params(rank0), load_params(rank1)
+    trained = [n for n in a if "moving_" not in n]  # without sync_bn, BN running stats are per rank by design
+    assert trained and all(np.array_equal(a[n], b[n]) for n in trained)
+
+
+def test_scheduler_gone_after_run(mpirun_run):
+    out, _ = mpirun_run
+    assert (out / "logs" / "scheduler.log").exists()  # rank 0 did start one
+    assert not _wait_until_no_scheduler(out, 10)  # its watchdog reaps it a few seconds after rank 0 exits
+
+
+def test_indivisible_batch_under_mpirun_fails_fast_and_clearly(data_dir, tmp_path):
+    proc = run_msdist("train", tiny_args(data_dir, tmp_path, "--batch_size", 15), ranks=2, check=False, timeout=120)
+    assert proc.returncode != 0
+    assert "batch_size 15 is the global batch and must divide evenly over 2 ranks" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_killed_rank_ends_job_and_scheduler(data_dir, tmp_path):
+    cmd = mpirun(2) + [sys.executable, "-m", "msdist.train"] + tiny_args(data_dir, tmp_path, "--epochs", 20,
+                                                                        "--log_every", 5)
+    job = subprocess.Popen(cmd, cwd=REPO, env=base_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        log1 = tmp_path / "logs" / "rank_1.log"
+        deadline = time.time() + 120
+        while time.time() < deadline and not (log1.exists() and "step 5/" in log1.read_text()):
+            time.sleep(0.5)
+        assert "step 5/" in log1.read_text(), "rank 1 never started training"
+        rank1 = [p for p in _pids_of("msdist.train") if _env_of(p).get("OMPI_COMM_WORLD_RANK") == "1"
+                 and str(tmp_path) in _cmdline_of(p)]
+        assert len(rank1) == 1
+        os.kill(rank1[0], signal.SIGKILL)
+        assert job.wait(timeout=60) != 0
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert not _wait_until_no_scheduler(tmp_path, 10)
+    assert not [p for p in _pids_of("msdist.train") if str(tmp_path) in _cmdline_of(p)]
+
+
+def _pids_of(pattern: str) -> list:
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _cmdline_of(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _env_of(pid: int) -> dict:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            pairs = f.read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
+
+
+def test_resume_continues_at_the_right_epoch_and_lr(data_dir, tmp_path):
+    """Stop mid-epoch 2, resume with `auto`: same final weights as one uninterrupted run."""
+    common = ("--epochs", 2, "--deterministic", "true", "--log_every", 1)
+    run_msdist("train", tiny_args(data_dir, tmp_path / "full", *common))
+    run_msdist("train", tiny_args(data_dir, tmp_path / "cut", *common, "--max_steps", 130))
+    resumed = run_msdist("train", tiny_args(data_dir, tmp_path / "cut", *common, "--resume", "auto"))
+    assert "resumed from" in resumed.stdout and "epoch 1, step 8 of 122, global step 130" in resumed.stdout
+    lrs = optim.lr_schedule("cosine", 0.05, 2, 122, warmup_epochs=0.5)
+    first = next(line for line in resumed.stdout.splitlines() if line.startswith("epoch 2/2 step 9/122"))
+    assert f"lr {lrs[130]:.6f}" in first  # the LR schedule continues at step 131, not from the start
+    full = load_params(checkpoints(tmp_path / "full", 0)[-1], include_state=True)
+    final = [p for p in checkpoints(tmp_path / "cut", 0) if p.endswith("-2_122.ckpt")]
+    cut = load_params(final[0], include_state=True)
+    assert full.keys() == cut.keys()
+    for name in full:
+        np.testing.assert_allclose(cut[name], full[name], rtol=1e-6, atol=1e-7, err_msg=name)

@@ -1,0 +1,359 @@
+"""msdist.launch: real launcher processes, real MindSpore workers, hard time limits.
+
+Every launcher runs with a unique MSDIST_TEST_TAG in its environment, which every process it starts
+inherits (workers and scheduler), so "nothing left behind" is checked on exactly this test's
+processes, never on other jobs running on the machine.
+
+The slow runs start together in module fixtures and are shared between assertions, so the file
+costs a few launcher runs of wall time rather than one per assertion.
+"""
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from msdist import checkpoint, heartbeat, launch
+from msdist.errors import ConfigError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA_DIR = os.path.join(REPO, "..", "shared", "data", "fruits360-4")
+RETRY_SCRIPT = os.path.join(REPO, "scripts", "run_distribute_train_retry.sh")
+RUN_LIMIT_S = 240          # hard limit for any one launcher run
+STOP_BOUND_S = 15          # the issue's bound: failure seen -> everything stopped
+
+# Three short epochs (15 steps each) so a run has two epoch-boundary checkpoints before the kill.
+EXACT_ARGS = ["--config", "configs/tiny_test.yaml", "--data_dir", DATA_DIR, "--batch_size", "128", "--epochs", "3",
+              "--deterministic", "true", "--log_every", "5", "--keep_checkpoint_max", "5"]
+SHORT_ARGS = ["--config", "configs/tiny_test.yaml", "--data_dir", DATA_DIR, "--max_steps", "40", "--log_every", "5"]
+
+
+# ---------------------------------------------------------------- helpers
+
+class Job:
+    """One `python -m msdist.launch` run (or another `command`) in the background, its stderr in a file."""
+
+    def __init__(self, tmp_dir, name, launcher_args, train_args, env=None, output_name=None, command=None):
+        self.tag = f"msdist-test-{uuid.uuid4().hex}"
+        self.output_dir = os.path.join(str(tmp_dir), output_name or name)
+        self.err_path = os.path.join(str(tmp_dir), f"{name}.launcher.err")
+        full_env = dict(os.environ, PYTHONPATH=REPO, MSDIST_TEST_TAG=self.tag, **(env or {}))
+        with open(self.err_path, "wb") as err, open(os.path.join(str(tmp_dir), f"{name}.launcher.out"), "wb") as out:
+            command = command or [sys.executable, "-m", "msdist.launch"]
+            self.proc = subprocess.Popen([*command, *launcher_args, *train_args, "--output_dir", self.output_dir],
+                                         cwd=REPO, env=full_env, stdout=out, stderr=err)
+        self.started = time.monotonic()
+
+    def wait(self, limit_s=RUN_LIMIT_S) -> int:
+        try:
+            return self.proc.wait(timeout=max(1.0, self.started + limit_s - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"launcher did not finish within {limit_s} s:\n{self.stderr()}") from None
+
+    def stderr(self) -> str:
+        with open(self.err_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def wait_for_text(self, text, limit_s=RUN_LIMIT_S) -> float:
+        """Block until the launcher printed `text`; return when (monotonic)."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            if text in self.stderr():
+                return time.monotonic()
+            assert self.proc.poll() is None or text in self.stderr(), f"launcher ended early:\n{self.stderr()}"
+            time.sleep(0.2)
+        raise AssertionError(f"{text!r} not printed within {limit_s} s:\n{self.stderr()}")
+
+    def wait_for_beat(self, rank, at_least_step=0, limit_s=RUN_LIMIT_S) -> dict:
+        """Block until `rank` reports `global_step >= at_least_step` (0: any heartbeat at all)."""
+        path = heartbeat.path_for(os.path.join(self.output_dir, "logs"), rank)
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            beat = heartbeat.read(path)
+            if beat is not None and beat["global_step"] >= at_least_step:
+                return beat
+            assert self.proc.poll() is None, f"launcher ended early:\n{self.stderr()}"
+            time.sleep(0.1)
+        raise AssertionError(f"rank {rank} never reached global step {at_least_step}:\n{self.stderr()}")
+
+    def leftovers(self, settle_s=5.0) -> list:
+        """Processes still carrying this job's tag, after giving exiting ones `settle_s` to go."""
+        deadline = time.monotonic() + settle_s
+        while True:
+            alive = _tagged_pids(self.tag)
+            if not alive or time.monotonic() > deadline:
+                return alive
+            time.sleep(0.2)
+
+    def final_params(self, rank) -> dict:
+        import mindspore as ms
+        info = checkpoint.latest_good(os.path.join(self.output_dir, "ckpt"), "resnet_tiny", rank)
+        assert info is not None, f"no good checkpoint for rank {rank} in {self.output_dir}"
+        # Everything with a value: weights, BN statistics, optimizer moments and step, saved state.
+        return {k: v.asnumpy() for k, v in ms.load_checkpoint(info.path).items() if hasattr(v, "asnumpy")}
+
+
+def _tagged_pids(tag) -> list:
+    needle = f"MSDIST_TEST_TAG={tag}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    with open(f"/proc/{entry}/stat", "rb") as stat:
+                        if stat.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                            found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _ckpt_files(job, rank, epoch):
+    return glob.glob(os.path.join(job.output_dir, "ckpt", f"resnet_tiny_rank{rank}-{epoch}_*.ckpt"))
+
+
+# ---------------------------------------------------------------- shared runs (started together)
+
+@pytest.fixture(scope="module")
+def background_jobs(tmp_path_factory):
+    """Runs that need no interaction, started at once so their waits overlap."""
+    tmp = tmp_path_factory.mktemp("launch")
+    port = _free_port()
+    jobs = {
+        # Uninterrupted reference for the exact-resume check.
+        "reference": Job(tmp, "reference", ["-n", "2"], EXACT_ARGS),
+        # Rank 1 stops itself (SIGSTOP) at global step 4; only the heartbeat can tell.
+        "stall": Job(tmp, "stall", ["-n", "2", "--heartbeat_timeout", "10"], SHORT_ARGS,
+                     env={"MSDIST_FAULT_INJECT": "1:4:stop"}),
+        # Rank 1 raises at global step 2 on every attempt: one restart, then FAILED.
+        "always_fails": Job(tmp, "always_fails", ["-n", "2", "--max_restarts", "1"], SHORT_ARGS,
+                            env={"MSDIST_FAULT_INJECT": "1:2:raise"}),
+    }
+    if shutil.which("mpirun"):
+        # The mpirun retry loop: rank 1 kills itself (SIGKILL) on both attempts.
+        jobs["mpirun_retry"] = Job(tmp, "mpirun_retry", ["2"], SHORT_ARGS, command=["bash", RETRY_SCRIPT],
+                                   env={"MSDIST_FAULT_INJECT": "1:3:kill", "MAX_RESTARTS": "1"})
+    # Two "nodes" on this machine: two launchers, one rank each, one job of world size 2.
+    node_args = ["-n", "1", "--nnodes", "2", "--master_addr", "127.0.0.1", "--master_port", str(port)]
+    jobs["node1"] = Job(tmp, "node1", node_args + ["--node_rank", "1"], SHORT_ARGS, output_name="multinode")
+    jobs["node0"] = Job(tmp, "node0", node_args + ["--node_rank", "0"], SHORT_ARGS, output_name="multinode")
+    yield jobs
+    for job in jobs.values():
+        if job.proc.poll() is None:
+            job.proc.kill()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------- fast checks, no MindSpore
+
+def test_busy_explicit_port_is_refused_at_once(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        job = Job(tmp_path, "busy", ["-n", "2", "--master_port", str(port)], SHORT_ARGS)
+        code = job.wait(limit_s=30)
+    assert code == 2
+    assert f"--master_port {port} is already in use" in job.stderr()
+    assert not os.path.exists(os.path.join(job.output_dir, "logs", "rank_0.heartbeat"))
+
+
+def test_bad_train_option_fails_before_starting_anything(tmp_path):
+    with pytest.raises(ConfigError, match="unknown option --epoch"):
+        launch.parse_args(["-n", "2", "--config", "configs/tiny_test.yaml", "--epoch", "3"])
+    with pytest.raises(ConfigError, match="--master_addr"):
+        launch.parse_args(["-n", "1", "--nnodes", "2", "--node_rank", "1"])
+
+
+def test_unknown_options_go_to_train():
+    plan = launch.parse_args(["-n", "2", "--max_restarts", "3", "--epochs", "4", "--output_dir", "/tmp/x"])
+    assert (plan.world_size, plan.max_restarts, plan.master_addr) == (2, 3, "127.0.0.1")
+    assert plan.train_args == ["--epochs", "4", "--output_dir", "/tmp/x"]
+
+
+def test_traceback_tail_reads_only_this_attempt(tmp_path):
+    log = tmp_path / "rank_1.log"
+    log.write_text("Traceback (most recent call last):\nOldError: from attempt 1\n")
+    offset = log.stat().st_size
+    with open(log, "a") as f:
+        f.write("12:00 rank1 INFO training\nTraceback (most recent call last):\n  File x\nValueError: new\n")
+    assert launch.traceback_tail({str(log): offset}) == ["Traceback (most recent call last):", "  File x",
+                                                         "ValueError: new"]
+    assert launch.traceback_tail({str(log): log.stat().st_size}) == []
+
+
+def test_first_cause_prefers_a_dead_rank_then_the_longest_silent():
+    beat = {"epoch": 1, "step": 3, "global_step": 3}
+    stalled_late = launch.Failure(0, "stalled", dict(beat, time=200.0), stalled=True)
+    stalled_early = launch.Failure(1, "stalled", dict(beat, time=100.0), stalled=True)
+    dead = launch.Failure(2, "killed by SIGKILL", beat)
+    assert launch._first_cause([stalled_late, stalled_early]).rank == 1
+    assert launch._first_cause([stalled_late, dead, stalled_early]).rank == 2
+
+
+def test_stall_limit_is_startup_timeout_until_the_first_step(tmp_path):
+    plan = launch.parse_args(["-n", "1", "--heartbeat_timeout", "10", "--startup_timeout", "600",
+                              "--output_dir", str(tmp_path)])
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        worker = launch._Worker(0, sleeper, str(tmp_path / "rank_0.heartbeat"), {})
+        for epoch, stalled in ((0, False), (1, True)):
+            with open(worker.heartbeat_path, "w") as f:
+                json.dump({"time": time.time() - 20, "pid": sleeper.pid, "rank": 0, "epoch": epoch, "step": 0,
+                           "global_step": 0}, f)
+            failure = launch._check_worker(worker, plan)
+            assert (failure is not None) == stalled
+        assert "stalled: no heartbeat for 20 s (--heartbeat_timeout 10)" in failure.how
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+# ---------------------------------------------------------------- checkpoint integrity (in process)
+
+def _save_tiny(directory, epoch, value):
+    import mindspore as ms
+    params = [{"name": "w", "data": ms.Tensor(np.full((2, 3), value, np.float32))}]
+    return checkpoint.save(params, directory, "m", 0, {"epoch": epoch, "step": 5, "global_step": epoch * 5,
+                                                       "config_hash": "h"})
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path):
+    first = _save_tiny(str(tmp_path), 1, 1.0)
+    newest = _save_tiny(str(tmp_path), 2, 2.0)
+    with open(newest.path, "r+b") as f:
+        f.truncate(os.path.getsize(newest.path) // 2)
+    assert checkpoint.latest_good(str(tmp_path), "m", 0).path == first.path
+    open(newest.path, "wb").close()  # zero bytes
+    assert checkpoint.latest_good(str(tmp_path), "m", 0).path == first.path
+
+
+def test_kill_during_save_leaves_previous_checkpoint_loadable(tmp_path):
+    good = _save_tiny(str(tmp_path), 1, 1.0)
+    # What a save killed at each point leaves: a half-written tmp file, then a renamed .ckpt whose
+    # sidecar never landed, then a sidecar tmp that was never renamed.
+    (tmp_path / f".{checkpoint.file_name('m', 0, 2, 5)}.tmp.ckpt").write_bytes(b"\x00" * 10)
+    renamed = _save_tiny(str(tmp_path), 3, 3.0)
+    os.replace(f"{renamed.path}.json", f"{renamed.path}.json.tmp")
+    found = checkpoint.latest_good(str(tmp_path), "m", 0)
+    assert found.path == good.path
+    loaded = checkpoint.load(found.path, {"w": ((2, 3), "Float32")})
+    assert np.all(loaded["params"]["w"].asnumpy() == 1.0)
+    assert loaded["state"]["global_step"] == 5
+
+
+# ---------------------------------------------------------------- real runs
+
+def test_kill9_is_named_fast_and_restart_resumes_exactly(tmp_path, background_jobs):
+    """kill -9 of rank 1 in epoch 3, after corrupting rank 1's epoch-2 checkpoint.
+
+    The launcher must name rank 1 and SIGKILL within the bound, stop the other rank, restart with
+    --resume auto; the ranks must agree on epoch 1 (rank 1's newest good), and the run must end
+    with exactly the parameters of the uninterrupted reference run.
+    """
+    job = Job(tmp_path, "killed", ["-n", "2", "--max_restarts", "1"], EXACT_ARGS)
+    beat = job.wait_for_beat(1, at_least_step=33)  # epoch 3 (15 steps per epoch) has begun
+    assert beat["epoch"] == 3, beat
+    [epoch2] = _ckpt_files(job, 1, 2)
+    with open(epoch2, "r+b") as f:  # corrupt in place: the sidecar's sha256 no longer matches
+        f.seek(100)
+        f.write(b"\xff" * 64)
+    first_attempt = [heartbeat.read(heartbeat.path_for(os.path.join(job.output_dir, "logs"), r))["pid"]
+                     for r in (0, 1)]
+    killed_at = time.monotonic()
+    os.kill(first_attempt[1], signal.SIGKILL)
+    seen = job.wait_for_text("rank 1 failed: killed by SIGKILL", limit_s=STOP_BOUND_S)
+    job.wait_for_text("restart 1 of 1", limit_s=STOP_BOUND_S)
+    assert time.monotonic() - killed_at < STOP_BOUND_S
+    assert seen - killed_at < STOP_BOUND_S
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in first_attempt), "first attempt's ranks still alive"
+    assert job.wait() == 0, job.stderr()
+    assert job.leftovers() == []
+
+    log = open(os.path.join(job.output_dir, "logs", "rank_1.log"), encoding="utf-8").read()
+    assert "sha256 mismatch" in log and "resnet_tiny_rank1-2_" in log  # the corrupt one was skipped, by name
+    assert "resumed from" in log and "global step 15" in log           # ...and the ranks agreed on epoch 1
+
+    reference = background_jobs["reference"]
+    assert reference.wait() == 0, reference.stderr()
+    for rank in (0, 1):
+        got, want = job.final_params(rank), reference.final_params(rank)
+        assert sorted(got) == sorted(want)
+        different = [name for name in want if not np.array_equal(got[name], want[name])]
+        assert not different, f"rank {rank}: {len(different)} parameters differ, e.g. {different[:3]}"
+
+
+def test_sigstop_is_detected_by_heartbeat(background_jobs):
+    job = background_jobs["stall"]
+    assert job.wait() != 0
+    err = job.stderr()
+    assert "rank 1 failed: stalled: no heartbeat" in err
+    assert "global step 4" in err
+    assert job.leftovers() == []
+
+
+def test_exception_reported_once_and_restart_budget_exhausted(background_jobs):
+    job = background_jobs["always_fails"]
+    assert job.wait() == 1
+    err = job.stderr()
+    assert err.count("restart 1 of 1") == 1
+    assert err.count("rank 1 failed: exit code 1; last reported epoch 1 step 2 (global step 2); stopped") == 2
+    # The traceback tail is printed once per failure, in the summary, and only this attempt's.
+    assert err.count("rank 1 | RuntimeError: injected fault on rank 1 at global step 2") == 2
+    assert "FAILED after 1 restart(s): rank 1 failed: exit code 1" in err.splitlines()[-1]
+    assert job.leftovers() == []
+
+
+def test_two_nodes_on_one_machine_form_one_job(background_jobs):
+    node0, node1 = background_jobs["node0"], background_jobs["node1"]
+    assert node0.wait() == 0, node0.stderr()
+    assert node1.wait() == 0, node1.stderr()
+    logs = os.path.join(node0.output_dir, "logs")
+    for rank in (0, 1):
+        text = open(os.path.join(logs, f"rank_{rank}.log"), encoding="utf-8").read()
+        assert "world size 2" in text
+        saved = checkpoint.latest_good(os.path.join(node0.output_dir, "ckpt"), "resnet_tiny", rank)
+        assert saved is not None and saved.global_step == 40
+    assert os.path.exists(os.path.join(node0.output_dir, "result.json"))
+    assert "starting 1 of 2 ranks on node 1" in node1.stderr()
+
+
+def test_sigterm_to_launcher_leaves_nothing_behind(tmp_path):
+    job = Job(tmp_path, "sigterm", ["-n", "2"], SHORT_ARGS)
+    job.wait_for_beat(0)
+    job.wait_for_beat(1)
+    assert len(_tagged_pids(job.tag)) >= 4  # launcher, scheduler (watchdog + scheduler), workers
+    job.proc.send_signal(signal.SIGTERM)
+    assert job.wait(limit_s=STOP_BOUND_S + 5) == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM" in job.stderr()
+    assert job.leftovers() == []
+
+
+def test_mpirun_killed_rank_ends_job_and_retry_loop_resumes(background_jobs):
+    if "mpirun_retry" not in background_jobs:
+        pytest.skip("mpirun is not installed")
+    job = background_jobs["mpirun_retry"]
+    assert job.wait() == 128 + signal.SIGKILL  # mpirun reports the killed rank's signal
+    err = job.stderr()
+    assert err.count("job failed (exit 137); restart 1 of 1 with --resume auto") == 1
+    assert "run_distribute_train_retry: FAILED (exit 137)" in err
+    log = open(os.path.join(job.output_dir, "logs", "rank_0.log"), encoding="utf-8").read()
+    assert "resume auto:" in log  # the second run was given --resume auto
+    # Both mpirun jobs ended, the scheduler rank 0 started included (its watchdog allows 10 s).
+    assert job.leftovers(settle_s=15) == []

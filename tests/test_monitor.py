@@ -1,0 +1,235 @@
+"""Watching a run: step lines and the progress bar, metrics.jsonl, TensorBoard events, the report CLI.
+
+One real training run (resnet_tiny, 32x32, synthetic data, 2 epochs) feeds the end-to-end checks;
+the formatting and resume logic are tested directly on `msdist.monitor`, which needs no MindSpore.
+"""
+import io
+import json
+import logging
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from msdist import monitor, report
+from msdist.errors import ConfigError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS_PER_EPOCH = 7  # 60 synthetic training images, global batch 8
+TB_TAGS = {"train/loss", "train/lr", "train/images_per_sec", "val/loss", "val/accuracy"}
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+
+
+def _records(run_dir, kind):
+    with open(os.path.join(run_dir, monitor.METRICS_FILE), encoding="utf-8") as f:
+        return [r for r in map(json.loads, f) if r["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """(output_dir, stdout) of a 2-epoch run that evaluates every epoch and writes TensorBoard events."""
+    from msdist.data.synth import synthesize
+
+    root = tmp_path_factory.mktemp("monitor")
+    synthesize(str(root / "data"), 3, 20)
+    out = root / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "msdist.train", "--config", "configs/tiny_test.yaml", "--data_dir", str(root / "data"),
+         "--output_dir", str(out), "--batch_size", "8", "--log_every", "2", "--eval_every_epochs", "1",
+         "--tensorboard", "true"],
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return str(out), proc.stdout
+
+
+# ---------------------------------------------------------------- a real run
+
+def test_step_lines_and_epoch_summaries_on_a_pipe(tiny_run):
+    _, stdout = tiny_run
+    lines = stdout.splitlines()
+    steps = [line for line in lines if line.startswith("epoch 1/2 step ")]
+    # log_every 2 over 7 steps: steps 2, 4, 6 and the epoch's last step 7.
+    assert [line.split("|")[0].strip() for line in steps] == [f"epoch 1/2 step {s}/7" for s in (2, 4, 6, 7)]
+    for field in ("loss ", "lr ", "img/s", "%", "eta ", " epoch, ", " run"):
+        assert all(field in line for line in steps), field
+    assert "\r" not in stdout  # no bar when stdout is not a terminal
+    summaries = [line for line in lines if " done | train loss " in line]
+    assert len(summaries) == 2 and all("val accuracy" in s and "img/s" in s for s in summaries)
+
+
+def test_metrics_jsonl_has_step_and_epoch_records(tiny_run):
+    run_dir, _ = tiny_run
+    runs, steps, epochs = (_records(run_dir, k) for k in ("run", "step", "epoch"))
+    assert [r["world_size"] for r in runs] == [1]
+    assert [r["global_step"] for r in steps] == [2, 4, 6, 7, 9, 11, 13, 14]
+    assert all(math.isfinite(r["loss"]) and r["lr"] > 0 and r["images_per_sec"] > 0 for r in steps)
+    assert [(e["epoch"], e["global_step"]) for e in epochs] == [(1, 7), (2, 14)]
+    assert all(0 <= e["val_accuracy"] <= 1 and math.isfinite(e["train_loss"]) for e in epochs)
+    with open(os.path.join(run_dir, "result.json"), encoding="utf-8") as f:
+        result = json.load(f)
+    assert epochs[-1]["val_accuracy"] == result["accuracy"]  # the last epoch's evaluation is the final one
+
+
+def test_tensorboard_events_read_back_with_tensorboard(tiny_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir, _ = tiny_run
+    events = EventAccumulator(os.path.join(run_dir, monitor.TENSORBOARD_DIR))
+    events.Reload()
+    assert TB_TAGS <= set(events.Tags()["scalars"])
+    steps = _records(run_dir, "step")
+    loss = events.Scalars("train/loss")
+    assert [e.step for e in loss] == [r["global_step"] for r in steps]
+    assert [e.value for e in loss] == pytest.approx([r["loss"] for r in steps], rel=1e-5)
+    assert [e.step for e in events.Scalars("val/accuracy")] == [STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH]
+    assert all(0 <= e.value <= 1 for e in events.Scalars("val/accuracy"))
+    assert all(e.value > 0 for e in events.Scalars("train/lr") + events.Scalars("train/images_per_sec"))
+
+
+def _png_size(path):
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return struct.unpack(">II", head[16:24])
+
+
+def test_report_cli_for_one_run(tiny_run):
+    run_dir, _ = tiny_run
+    proc = subprocess.run([sys.executable, "-m", "msdist.report", run_dir], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    width, height = _png_size(os.path.join(run_dir, "report.png"))
+    assert width >= 800 and height >= 600
+    assert os.path.getsize(os.path.join(run_dir, "report.png")) > 20_000
+    with open(os.path.join(run_dir, "result.json"), encoding="utf-8") as f:
+        accuracy = json.load(f)["accuracy"]
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("run (1p) "))
+    assert f"{accuracy:.4f}" in row and "best acc (epoch)" in proc.stdout and "final acc" in proc.stdout
+    assert "model=resnet_tiny" in proc.stdout
+
+
+def test_report_overlays_two_runs(tiny_run, tmp_path, capsys):
+    run_dir, _ = tiny_run
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other)
+    with open(other / "config.yaml", "a", encoding="utf-8") as f:
+        f.write("sync_bn: true\n")  # a config difference the summary must surface
+    out = tmp_path / "compare.png"
+    assert report.main([run_dir, str(other), "--out", str(out), "--label", "first", "--label", "second"]) == 0
+    text = capsys.readouterr().out
+    assert _png_size(out)[0] >= 800
+    assert "first (1p)" in text and "second (1p)" in text and "sync_bn=True" in text
+    assert sum(line.startswith(("first (1p) ", "second (1p) ")) for line in text.splitlines()) == 2
+
+
+def test_report_without_metrics_is_a_one_line_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "msdist.report", str(tmp_path)], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "msdist: error:" in proc.stderr and "metrics.jsonl" in proc.stderr
+
+
+# ---------------------------------------------------------------- formatting, no MindSpore
+
+class FakeTerminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def _steps(progress, losses, epoch=0):
+    progress.start_epoch(epoch)
+    return [progress.step(i, epoch * progress.steps_per_epoch + i, loss, 0.1, 0.01, 0.0)
+            for i, loss in enumerate(losses, 1)]
+
+
+def _end(progress, losses):
+    return progress.end_epoch(sum(losses) / len(losses), {"accuracy": 0.75, "loss": 0.5})
+
+
+def test_progress_bar_on_a_terminal(tmp_path, capsys):
+    log_path = monitor.setup_logging(str(tmp_path), 0, console=True)
+    term = FakeTerminal()
+    progress = monitor.Progress(epochs=2, steps_per_epoch=4, global_batch=8, log_every=2, bar=term)
+    records = _steps(progress, [1.0, 0.8, 0.6, 0.4])
+    drawn = term.getvalue()
+    # the bar's line ends with the epoch's last step, before the save and evaluation messages
+    assert drawn.startswith("\r") and drawn.endswith("\n")
+    summary = _end(progress, [1.0, 0.8, 0.6, 0.4])
+    assert term.getvalue() == drawn
+    last = drawn.rstrip("\n").split("\r")[-1]
+    assert last.startswith("epoch 1/2 [" + "#" * 24 + "] 100% 4/4 | loss 0.4000 | lr 1.00e-01 | ")
+    assert "img/s | eta " in last and " epoch, " in last and last.rstrip().endswith(" run")
+    console = capsys.readouterr().out
+    assert "step 2/4" not in console  # the bar owns the terminal: step lines go to the log file only
+    assert "epoch 1/2 done | train loss 0.7000 | val accuracy 0.7500 loss 0.5000" in console
+    logging.getLogger("msdist").handlers[0].flush()
+    with open(log_path, encoding="utf-8") as f:
+        assert "epoch 1/2 step 2/4 | loss 0.8000 (0.9000)" in f.read()
+    assert [r["step"] for r in records if r] == [2, 4]
+    assert summary["train_loss"] == pytest.approx(0.7) and summary["val_accuracy"] == 0.75
+
+
+def test_step_lines_without_a_terminal(tmp_path, capsys):
+    monitor.setup_logging(str(tmp_path), 0, console=True)
+    progress = monitor.Progress(epochs=1, steps_per_epoch=5, global_batch=8, log_every=2, max_steps=3)
+    assert progress.total_steps == 3
+    records = _steps(progress, [1.0, 0.5, 0.25])
+    lines = [line for line in capsys.readouterr().out.splitlines() if " step " in line]
+    # every log_every steps, and at the last step of a run cut short by max_steps
+    assert [line.split(" | ")[0] for line in lines] == ["epoch 1/1 step 2/5", "epoch 1/1 step 3/5"]
+    assert lines[-1].split(" | ")[6].strip() == "60%"
+    assert [r["global_step"] for r in records if r] == [2, 3]
+
+
+def test_bar_only_for_rank_0_at_a_real_terminal(monkeypatch):
+    term = FakeTerminal()
+    monkeypatch.setattr(sys, "stdout", term)
+    assert monitor.terminal(True, "standalone") is term and monitor.terminal(True, "cluster") is term
+    assert monitor.terminal(False, "standalone") is None
+    assert monitor.terminal(True, "mpirun") is None  # OpenMPI hands ranks a pty whatever mpirun's output is
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    assert monitor.terminal(True, "standalone") is None
+
+
+def test_duration_and_bar_formatting():
+    assert monitor.format_duration(3725) == "1:02:05"
+    assert monitor.format_duration(59.6) == "0:01:00"
+    assert monitor.format_duration(None) == "?"
+    assert monitor.render_bar(0.5, width=10) == "[#####.....]"
+    assert monitor.render_bar(1.7, width=4) == "[####]"
+
+
+def test_resume_drops_repeated_records_and_tensorboard_steps(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def write_steps(writer, steps):
+        for step in steps:
+            writer.write({"kind": "step", "global_step": step, "loss": float(step), "lr": 0.1,
+                          "images_per_sec": 1.0})
+
+    first = monitor.MetricsWriter(str(tmp_path), tensorboard=True, world_size=2)
+    write_steps(first, range(1, 7))  # then the job dies; its last checkpoint was at step 3
+    first.close()
+    resumed = monitor.open_metrics(True, str(tmp_path), tensorboard=True, world_size=2, start_step=3)
+    write_steps(resumed, range(4, 9))
+    resumed.close()
+    assert [r["global_step"] for r in _records(tmp_path, "step")] == list(range(1, 9))
+    assert [r["global_step"] for r in _records(tmp_path, "run")] == [0, 3]
+    events = EventAccumulator(str(tmp_path / monitor.TENSORBOARD_DIR))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 9))
+
+
+def test_only_rank_0_writes_but_every_rank_checks_tensorboardx(tmp_path, monkeypatch):
+    assert monitor.open_metrics(False, str(tmp_path), tensorboard=False, world_size=2) is None
+    assert not os.path.exists(tmp_path / monitor.METRICS_FILE)
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)  # as if it were not installed
+    with pytest.raises(ConfigError, match="msdist\\[tensorboard\\]"):
+        monitor.open_metrics(False, str(tmp_path), tensorboard=True, world_size=2)

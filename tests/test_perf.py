@@ -1,0 +1,136 @@
+"""Performance mechanisms (issue 5): ISA choice applied and cached, threads split, compile cache reused.
+
+Timings never appear here (they belong to benchmarks/throughput.py). Each test checks that a
+mechanism is in effect, through what oneDNN itself reports (ONEDNN_VERBOSE=profile_create prints the
+ISA it dispatches to and the size of MindSpore's thread pool) or through the cache files.
+"""
+import glob
+import json
+import os
+import re
+
+import pytest
+
+from conftest import run_msdist, tiny_args
+from msdist import config, isa_probe, runtime
+
+# oneDNN's start-up lines, printed by every process that creates a primitive.
+ONEDNN_INFO = {"ONEDNN_VERBOSE": "profile_create"}
+
+
+def _start_line(output_dir, rank: int) -> str:
+    with open(os.path.join(str(output_dir), "logs", f"rank_{rank}.log"), encoding="utf-8") as f:
+        return next(line for line in f if "world size" in line)
+
+
+# ---------------------------------------------------------------- ISA choice
+
+@pytest.fixture
+def isa_cache(tmp_path, monkeypatch):
+    """A private cache dir holding a verdict for this CPU that no real probe would give."""
+    if len(isa_probe.candidates(isa_probe.cpu_flags())) < 2:
+        pytest.skip("this CPU offers oneDNN a single ISA; nothing is probed")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    key = f"{isa_probe.cpu_model()} | mindspore {isa_probe._mindspore_version()}"
+    os.makedirs(isa_probe.cache_dir())
+    with open(os.path.join(isa_probe.cache_dir(), "cpu_isa.json"), "w", encoding="utf-8") as f:
+        json.dump({key: {"isa": "SSE41", "seconds": {}}}, f)
+
+    def no_probe(_isas):
+        raise AssertionError("probed although the verdict is cached")
+    monkeypatch.setattr(isa_probe, "probe", no_probe)
+
+
+def test_cached_probe_verdict_is_used_without_probing(isa_cache):
+    assert runtime.choose_cpu_isa("auto") == ("SSE41", "probe")
+
+
+def test_option_beats_probe_and_environment_beats_option(isa_cache, monkeypatch):
+    assert runtime.choose_cpu_isa("AVX2") == ("AVX2", "option")
+    assert runtime.choose_cpu_isa("default") == ("", "option")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX")
+    assert runtime.choose_cpu_isa("AVX2") == ("AVX", "env")
+
+
+def test_probe_runs_once_and_writes_the_cache(tmp_path, monkeypatch):
+    if len(isa_probe.candidates(isa_probe.cpu_flags())) < 2:
+        pytest.skip("this CPU offers oneDNN a single ISA; nothing is probed")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(isa_probe, "probe", lambda isas: calls.append(isas) or {i: (0.5 if i else 1.0) for i in isas})
+    first, second = isa_probe.best_isa(), isa_probe.best_isa()
+    assert first == second != "" and len(calls) == 1
+    with open(os.path.join(str(tmp_path), "msdist", "cpu_isa.json"), encoding="utf-8") as f:
+        assert list(json.load(f).values())[0]["isa"] == first
+
+
+# ---------------------------------------------------------------- threads and cores
+
+def test_ranks_on_one_host_split_its_cores(monkeypatch):
+    monkeypatch.setattr(runtime, "host_cores", lambda: 4)
+    monkeypatch.setattr(runtime, "usable_cores", lambda: (0, 1, 2, 3))
+    assert [runtime.place_rank(r, 2) for r in range(2)] == [runtime.Placement(2, (0, 1), "msdist"),
+                                                            runtime.Placement(2, (2, 3), "msdist")]
+    assert runtime.place_rank(1, 2, bind=False) == runtime.Placement(2)
+    assert runtime.place_rank(0, 1) == runtime.Placement(4)
+    assert runtime.place_rank(5, 8) == runtime.Placement(1)  # more ranks than cores: one thread, unbound
+
+
+def test_a_rank_bound_by_its_launcher_keeps_its_cores(monkeypatch):
+    monkeypatch.setattr(runtime, "host_cores", lambda: 4)
+    monkeypatch.setattr(runtime, "usable_cores", lambda: (2,))  # what mpirun's default --bind-to core leaves
+    assert runtime.place_rank(1, 2) == runtime.Placement(1, (2,), "launcher")
+
+
+@pytest.fixture(scope="module")
+def mpirun_two_ranks(tmp_path_factory, data_dir):
+    """A real 2-rank mpirun with oneDNN reporting what it got in each rank."""
+    out = tmp_path_factory.mktemp("perf_mpirun")
+    proc = run_msdist("train", tiny_args(data_dir, out, "--max_steps", 2, "--cpu_isa", "AVX2",
+                                         "--compile_cache", "false"),
+                      ranks=2, env={**ONEDNN_INFO, "ONEDNN_MAX_CPU_ISA": ""}, timeout=240)
+    return out, proc.stdout
+
+
+def test_two_local_ranks_get_one_thread_and_one_core_each(mpirun_two_ranks):
+    out, stdout = mpirun_two_ranks
+    if len(runtime.usable_cores()) != 2:
+        pytest.skip("the expected split is written for a 2-core host")
+    for rank in (0, 1):  # mpirun binds each rank to a core by default; msdist keeps that split
+        assert f"1 threads/rank | cores {rank} (bound by launcher) |" in _start_line(out, rank)
+    # MindSpore's kernel thread pool, as oneDNN sees it in both ranks: one thread each, not the host's two.
+    assert re.findall(r"runtime:threadpool,nthr:(\d+)", stdout) == ["1", "1"]
+
+
+def test_isa_choice_reaches_onednn_in_every_rank(mpirun_two_ranks):
+    out, stdout = mpirun_two_ranks
+    assert "oneDNN ISA AVX2 (option)" in _start_line(out, 1)
+    assert stdout.count("info,cpu,isa:Intel AVX2\n") == 2
+
+
+# ---------------------------------------------------------------- compile cache
+
+def test_compile_cache_key_changes_with_model_config_and_world_size(tmp_path):
+    base = config.parse(["--model", "resnet18"])
+    key = runtime.compile_cache_dir(str(tmp_path), config.config_hash(base), 1)
+    assert key == runtime.compile_cache_dir(str(tmp_path), config.config_hash(config.parse(["--model", "resnet18"])), 1)
+    assert key.startswith(os.path.join(str(tmp_path), "compile_cache"))
+    others = {runtime.compile_cache_dir(str(tmp_path), config.config_hash(config.parse(argv)), world)
+              for argv, world in ((["--model", "resnet50"], 1), (["--model", "resnet18", "--image_size", "64"], 1),
+                                  (["--model", "resnet18", "--amp_level", "O2"], 1), (["--model", "resnet18"], 2))}
+    assert key not in others and len(others) == 4
+
+
+def test_restart_reuses_the_compiled_train_step(tmp_path, data_dir):
+    args = tiny_args(data_dir, tmp_path, "--max_steps", 2)
+    run_msdist("train", args)
+    assert "compile cache cold" in _start_line(tmp_path, 0)
+    pattern = os.path.join(str(tmp_path), "compile_cache", "*", "rank_0", "**", "*.mindir")
+    cached = {path: os.stat(path).st_mtime_ns for path in glob.glob(pattern, recursive=True)}
+    assert len(cached) == 1, cached  # only the train step: other graphs compile in varying order
+    # A restart (its resume gathers across ranks before training: a different compile order) loads it.
+    proc = run_msdist("train", args + ["--resume", "auto"])
+    assert "compile cache reused" in _start_line(tmp_path, 0)
+    assert "eval result" in proc.stdout
+    assert {path: os.stat(path).st_mtime_ns for path in glob.glob(pattern, recursive=True)} == cached
