@@ -80,6 +80,18 @@ TRAIN_OPTIONS = [
     _opt("loss_scale", float, 1024.0, "fixed loss scale", above=0),
     _opt("seed", int, 1, "seed for every RNG; identical on every rank", min=0),
     _opt("deterministic", boolean, False, "ask MindSpore for deterministic kernels"),
+    # gradient communication (msdist/comm.py, docs/grad_comm.md)
+    _opt("grad_compression", str, "none", "how gradients cross ranks: none = MindSpore's fused float32 all-reduce; "
+         "fp16 = all-reduce in float16; topk = each tensor's largest topk_ratio of elements; threshold = elements "
+         "above `threshold` (at most topk_ratio of each tensor)", choices=("none", "fp16", "topk", "threshold")),
+    _opt("topk_ratio", float, 0.01, "topk/threshold: fraction of each gradient tensor's elements sent per step "
+         "(at least one)", above=0, max=1),
+    _opt("threshold", float, 1e-3, "threshold: send gradient elements whose magnitude (unscaled, plus the "
+         "residual) exceeds this", above=0),
+    _opt("error_feedback", boolean, True, "topk/threshold: add what was not sent to the next step's gradient "
+         "(a per-parameter residual, saved in checkpoints); false only for experiments"),
+    _opt("grad_accum_steps", int, 1, "micro-batches per optimizer step; batch_size stays the global batch of "
+         "one optimizer step, each rank runs it as this many micro-batches", min=1),
     # runtime
     _opt("device_target", str, "auto", "auto = GPU when usable, else CPU", choices=("auto", "CPU", "GPU"), hashed=False),
     _opt("cpu_isa", str, "auto", "oneDNN ISA cap; auto = the fastest for this CPU (probed once, cached), default = "

@@ -10,7 +10,8 @@ class TrainStep(nn.Cell):
         loss_fn: loss cell (logits, labels) -> scalar.
         optimizer: its `loss_scale` must equal `loss_scale` here (it unscales the gradients).
         loss_scale: the fixed scale the loss is multiplied by before backward.
-        reducer: cell mapping the gradient tuple to its cross-rank mean; None on a single rank.
+        reducer: cell mapping the gradient tuple to its cross-rank mean (`comm.create_reducer`); None on
+            a single rank.
     """
 
     def __init__(self, net, loss_fn, optimizer, loss_scale: float, reducer=None):
@@ -29,6 +30,10 @@ class TrainStep(nn.Cell):
         if self.reducer is not None:
             grads = self.reducer(grads)
         return ops.depend(loss, self.optimizer(grads))
+
+    def train_on(self, images, labels):
+        """One optimizer step on this rank's batch; the loss (same call as comm.AccumulatingTrainStep)."""
+        return self(images, labels)
 
 
 def build_network(model: str, num_classes: int, zero_init_last_bn: bool, sync_bn: bool, world_size: int):

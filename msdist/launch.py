@@ -20,6 +20,7 @@ while; from then on it is --heartbeat_timeout.
 import argparse
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,6 +35,7 @@ _POLL_S = 0.5
 _TERM_GRACE_S = 4.0            # SIGTERM -> SIGKILL; keeps "all stopped" well under 15 s
 _PORT_RELEASE_S = 30.0         # an explicit port must come free again before a restart
 _TRACEBACK_LINES = 12
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
 _PR_SET_PDEATHSIG = 1
 
 
@@ -192,7 +194,7 @@ def _stop_all(workers: List[_Worker], scheduler: Optional[subprocess.Popen]) -> 
 
 @dataclass
 class Failure:
-    rank: int
+    rank: Optional[int]              # None: the scheduler
     how: str                         # "exit code 1", "killed by SIGKILL", "stalled: ..."
     beat: Optional[dict] = None
     tail: List[str] = field(default_factory=list)
@@ -200,6 +202,8 @@ class Failure:
     seen_at: float = field(default_factory=time.monotonic)   # when the launcher noticed
 
     def summary(self) -> str:
+        if self.rank is None:
+            return f"the scheduler failed: {self.how}"
         if self.beat is None:
             where = "no heartbeat yet"
         elif self.beat["epoch"] == 0:
@@ -238,7 +242,10 @@ def traceback_tail(log_offsets: Dict[str, int]) -> List[str]:
         lines = _lines_since(path, offset)
         starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
         if starts:
-            return lines[starts[-1]:][-_TRACEBACK_LINES:]
+            block = lines[starts[-1]:]
+            # End at the exception line: MindSpore appends pages of graph source after it.
+            ends = [i for i, line in enumerate(block) if _EXCEPTION_LINE.match(line)]
+            return block[:ends[-1] + 1 if ends else len(block)][-_TRACEBACK_LINES:]
         errors = [line for line in lines if " ERROR " in line or line.startswith("msdist: error")]
         if errors:
             return errors[-1:]
@@ -303,16 +310,19 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int) -> Optional[Fai
         # Workers that find no scheduler back off for tens of seconds, so only start them once it listens.
         distributed.wait_until_listening(plan.master_addr, port)
         workers = [_spawn_worker(plan, i, plan.master_addr, port, train_args) for i in range(plan.nproc)]
+        ranks = ", ".join(f"rank {w.rank} pid {w.proc.pid}" for w in workers)
+        _say(f"attempt {attempt + 1}: started {ranks} (world size {plan.world_size}, node {plan.node_rank}); "
+             f"logs in {plan.log_dir}")
         while True:
             failures = [f for f in (_check_worker(w, plan) for w in workers) if f is not None]
             if failures:
                 return _first_cause(failures)
             if all(w.proc.poll() == 0 for w in workers):
-                distributed.stop_scheduler(scheduler)  # it leaves by itself after the last worker
+                # The work is done: the scheduler is stopped in `finally` without waiting for it, as
+                # ranks that skip MindSpore's teardown (runtime.exit_without_teardown) never unregister.
                 return None
             if scheduler is not None and scheduler.poll() not in (None, 0):
-                return Failure(-1, f"the scheduler exited with code {scheduler.returncode} "
-                                   f"(see {plan.log_dir}/scheduler.log)")
+                return Failure(None, f"exit code {scheduler.returncode} (see {plan.log_dir}/scheduler.log)")
             time.sleep(_POLL_S)
     finally:
         _stop_all(workers, scheduler)
@@ -334,10 +344,7 @@ def supervise(plan: Plan) -> int:
     for attempt in range(plan.max_restarts + 1):
         if attempt:
             train_args = plan.train_args + ["--resume", "auto"]
-            _say(f"restart {attempt} of {plan.max_restarts}: restarting all {plan.world_size} ranks with "
-                 "--resume auto")
-        _say(f"attempt {attempt + 1}: starting {plan.nproc} of {plan.world_size} ranks on node {plan.node_rank}; "
-             f"logs in {plan.log_dir}")
+            _say(f"restart {attempt} of {plan.max_restarts}: starting the ranks again with --resume auto")
         began = time.monotonic()
         failure = run_attempt(plan, train_args, attempt)
         if failure is None:

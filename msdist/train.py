@@ -25,7 +25,9 @@ def main(argv=None) -> int:
     launch = distributed.detect_launch()
     from msdist.data.pipeline import per_rank_batch
     per_rank_batch(cfg.batch_size, launch.world_size)  # fail before the slow cluster start-up
-    cache = runtime.compile_cache_dir(cfg.output_dir, config.config_hash(cfg), launch.world_size) \
+    # max_steps does not shape the graph: a resume that trains further must find the cache warm.
+    graph_options = [o for o in config.TRAIN_OPTIONS if o.name != "max_steps"]
+    cache = runtime.compile_cache_dir(cfg.output_dir, config.config_hash(cfg, graph_options), launch.world_size) \
         if cfg.compile_cache else ""
     rt = runtime.prepare(cfg.verbose, cfg.cpu_isa, launch.local_world_size, local_rank=launch.local_rank,
                          rank=launch.rank, bind_cores=cfg.bind_cores, compile_cache=cache)
@@ -89,7 +91,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
     import mindspore as ms
     from mindspore import nn
 
-    from msdist import checkpoint, engine, monitor, optim
+    from msdist import checkpoint, comm, engine, monitor, optim
     from msdist.eval import evaluate_split
 
     log_dir = os.path.join(cfg.output_dir, "logs")
@@ -130,16 +132,27 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
                             cfg.lr_step_size, cfg.lr_gamma, cfg.min_lr)
     optimizer = optim.create_optimizer(net.trainable_params(), lrs, cfg.momentum, cfg.weight_decay, cfg.loss_scale)
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    train_step = engine.TrainStep(net, loss_fn, optimizer, cfg.loss_scale,
-                                  engine.default_reducer(optimizer.parameters, dist.world_size))
+    reducer = comm.create_reducer(cfg.grad_compression, optimizer.parameters, dist.world_size,
+                                  topk_ratio=cfg.topk_ratio, threshold=cfg.threshold,
+                                  error_feedback=cfg.error_feedback, loss_scale=cfg.loss_scale)
+    # batch_size stays the global batch of one optimizer step; accumulation splits each rank's share.
+    micro_batch = comm.micro_batch_size(batch, cfg.grad_accum_steps)
+    if cfg.grad_accum_steps > 1:
+        train_step = comm.AccumulatingTrainStep(net, loss_fn, optimizer, cfg.loss_scale, reducer,
+                                                cfg.grad_accum_steps)
+    else:
+        train_step = engine.TrainStep(net, loss_fn, optimizer, cfg.loss_scale, reducer)
+    _logger.info("gradients: %s | %d micro-batch(es) of %d per rank per optimizer step", cfg.grad_compression,
+                 cfg.grad_accum_steps, micro_batch)
     train_step.set_train(True)
     compile_start = time.perf_counter()
     with runtime.compile_cache_scope(rt):  # compiled ahead of the first batch, so a restart can load it
-        train_step.compile(ms.Tensor(shape=(batch, 3, cfg.image_size, cfg.image_size), dtype=ms.float32),
-                           ms.Tensor(shape=(batch,), dtype=ms.int32))
+        train_step.compile(ms.Tensor(shape=(micro_batch, 3, cfg.image_size, cfg.image_size), dtype=ms.float32),
+                           ms.Tensor(shape=(micro_batch,), dtype=ms.int32))
     compile_seconds = time.perf_counter() - compile_start
     _logger.info("train step compiled in %.1f s", compile_seconds)
-    saved_params = list(net.get_parameters()) + list(optimizer.moments) + [optimizer.global_step]
+    saved_params = list(net.get_parameters()) + list(optimizer.moments) + [optimizer.global_step] + \
+        comm.residuals(reducer)  # error-feedback residuals: per-rank state an exact resume needs
 
     ckpt_dir = os.path.join(cfg.output_dir, "ckpt")
     prefix = cfg.ckpt_prefix or cfg.model
@@ -178,7 +191,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
         step = skip
         for images, labels in data.create_tuple_iterator(num_epochs=1):
             data_s = timer.data_ready()
-            loss = float(train_step(images, labels).asnumpy())
+            loss = float(train_step.train_on(images, labels).asnumpy())
             step_s = timer.step_done()
             step += 1
             global_step += 1

@@ -31,9 +31,10 @@ RUN_LIMIT_S = 240          # hard limit for any one launcher run
 STOP_BOUND_S = 15          # the issue's bound: failure seen -> everything stopped
 
 # Three short epochs (15 steps each) so a run has two epoch-boundary checkpoints before the kill.
-EXACT_ARGS = ["--config", "configs/tiny_test.yaml", "--data_dir", DATA_DIR, "--batch_size", "128", "--epochs", "3",
+TINY_CONFIG = os.path.join(REPO, "configs", "tiny_test.yaml")
+EXACT_ARGS = ["--config", TINY_CONFIG, "--data_dir", DATA_DIR, "--batch_size", "128", "--epochs", "3",
               "--deterministic", "true", "--log_every", "5", "--keep_checkpoint_max", "5"]
-SHORT_ARGS = ["--config", "configs/tiny_test.yaml", "--data_dir", DATA_DIR, "--max_steps", "40", "--log_every", "5"]
+SHORT_ARGS = ["--config", TINY_CONFIG, "--data_dir", DATA_DIR, "--max_steps", "40", "--log_every", "5"]
 
 
 # ---------------------------------------------------------------- helpers
@@ -49,7 +50,8 @@ class Job:
         with open(self.err_path, "wb") as err, open(os.path.join(str(tmp_dir), f"{name}.launcher.out"), "wb") as out:
             command = command or [sys.executable, "-m", "msdist.launch"]
             self.proc = subprocess.Popen([*command, *launcher_args, *train_args, "--output_dir", self.output_dir],
-                                         cwd=REPO, env=full_env, stdout=out, stderr=err)
+                                         # cwd: MindSpore drops rank_*/om/analyze_fail.ir there on a compile error
+                                         cwd=str(tmp_dir), env=full_env, stdout=out, stderr=err)
         self.started = time.monotonic()
 
     def wait(self, limit_s=RUN_LIMIT_S) -> int:
@@ -145,13 +147,50 @@ def background_jobs(tmp_path_factory):
         jobs["mpirun_retry"] = Job(tmp, "mpirun_retry", ["2"], SHORT_ARGS, command=["bash", RETRY_SCRIPT],
                                    env={"MSDIST_FAULT_INJECT": "1:3:kill", "MAX_RESTARTS": "1"})
     # Two "nodes" on this machine: two launchers, one rank each, one job of world size 2.
-    node_args = ["-n", "1", "--nnodes", "2", "--master_addr", "127.0.0.1", "--master_port", str(port)]
-    jobs["node1"] = Job(tmp, "node1", node_args + ["--node_rank", "1"], SHORT_ARGS, output_name="multinode")
-    jobs["node0"] = Job(tmp, "node0", node_args + ["--node_rank", "0"], SHORT_ARGS, output_name="multinode")
+    node_args = ["-n", "1", "--nnodes", "2", "--master_port", str(port)]
+    loopback = node_args + ["--master_addr", "127.0.0.1"]
+    jobs["node1"] = Job(tmp, "node1", loopback + ["--node_rank", "1"], SHORT_ARGS, output_name="multinode")
+    jobs["node0"] = Job(tmp, "node0", loopback + ["--node_rank", "0"], SHORT_ARGS, output_name="multinode")
+    # The same across two network namespaces joined by a veth pair: the real network path.
+    namespaces = _veth_namespaces(f"msdist{os.getpid()}")
+    if namespaces is not None:
+        (ns0, addr0), (ns1, _) = namespaces
+        for node, ns in ((1, ns1), (0, ns0)):
+            jobs[f"veth_node{node}"] = Job(
+                tmp, f"veth_node{node}", node_args + ["--master_addr", addr0, "--node_rank", str(node)], SHORT_ARGS,
+                output_name="veth", command=["ip", "netns", "exec", ns, sys.executable, "-m", "msdist.launch"])
     yield jobs
     for job in jobs.values():
         if job.proc.poll() is None:
             job.proc.kill()
+            job.proc.wait()
+    if namespaces is not None:
+        _delete_namespaces([ns for ns, _ in namespaces])
+
+
+def _veth_namespaces(prefix):
+    """Two network namespaces joined by a veth pair as [(name, address)] x 2; None where not allowed."""
+    subnet = f"10.231.{os.getpid() % 250}"
+    ends = [(f"{prefix}a", f"{subnet}.1", f"{prefix}va"), (f"{prefix}b", f"{subnet}.2", f"{prefix}vb")]
+    commands = [["ip", "netns", "add", ns] for ns, _, _ in ends]
+    commands.append(["ip", "link", "add", ends[0][2], "type", "veth", "peer", "name", ends[1][2]])
+    for ns, addr, dev in ends:
+        commands += [["ip", "link", "set", dev, "netns", ns], ["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev],
+                     ["ip", "-n", ns, "link", "set", dev, "up"], ["ip", "-n", ns, "link", "set", "lo", "up"]]
+    for command in commands:
+        try:
+            ok = subprocess.run(command, capture_output=True, timeout=10).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            ok = False
+        if not ok:
+            _delete_namespaces([ns for ns, _, _ in ends])
+            return None
+    return [(ns, addr) for ns, addr, _ in ends]
+
+
+def _delete_namespaces(names):
+    for ns in names:  # deleting a namespace also deletes the veth end inside it
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
 
 
 def _free_port():
@@ -196,6 +235,13 @@ def test_traceback_tail_reads_only_this_attempt(tmp_path):
     assert launch.traceback_tail({str(log): offset}) == ["Traceback (most recent call last):", "  File x",
                                                          "ValueError: new"]
     assert launch.traceback_tail({str(log): log.stat().st_size}) == []
+
+
+def test_traceback_tail_ends_at_the_exception_line(tmp_path):
+    log = tmp_path / "rank_0.log"
+    log.write_text("Traceback (most recent call last):\n  File y\nRuntimeError: Miss argument\n\n"
+                   "- The Traceback of Net Construct Code:\n# In file engine.py:17\n")
+    assert launch.traceback_tail({str(log): 0})[-1] == "RuntimeError: Miss argument"
 
 
 def test_first_cause_prefers_a_dead_rank_then_the_longest_silent():
@@ -321,7 +367,16 @@ def test_exception_reported_once_and_restart_budget_exhausted(background_jobs):
 
 
 def test_two_nodes_on_one_machine_form_one_job(background_jobs):
-    node0, node1 = background_jobs["node0"], background_jobs["node1"]
+    _assert_one_job_of_two_nodes(background_jobs["node0"], background_jobs["node1"])
+
+
+def test_two_nodes_across_network_namespaces(background_jobs):
+    if "veth_node0" not in background_jobs:
+        pytest.skip("cannot create network namespaces here (needs root and iproute2)")
+    _assert_one_job_of_two_nodes(background_jobs["veth_node0"], background_jobs["veth_node1"])
+
+
+def _assert_one_job_of_two_nodes(node0, node1):
     assert node0.wait() == 0, node0.stderr()
     assert node1.wait() == 0, node1.stderr()
     logs = os.path.join(node0.output_dir, "logs")
@@ -331,7 +386,9 @@ def test_two_nodes_on_one_machine_form_one_job(background_jobs):
         saved = checkpoint.latest_good(os.path.join(node0.output_dir, "ckpt"), "resnet_tiny", rank)
         assert saved is not None and saved.global_step == 40
     assert os.path.exists(os.path.join(node0.output_dir, "result.json"))
-    assert "starting 1 of 2 ranks on node 1" in node1.stderr()
+    # The process node 1 started is global rank 1: its heartbeat (written under that rank) has its pid.
+    beat = heartbeat.read(heartbeat.path_for(logs, 1))
+    assert f"started rank 1 pid {beat['pid']} (world size 2, node 1)" in node1.stderr()
 
 
 def test_sigterm_to_launcher_leaves_nothing_behind(tmp_path):

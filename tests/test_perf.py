@@ -19,8 +19,9 @@ ONEDNN_INFO = {"ONEDNN_VERBOSE": "profile_create"}
 
 
 def _start_line(output_dir, rank: int) -> str:
+    """The newest run's start line (rank logs append across restarts)."""
     with open(os.path.join(str(output_dir), "logs", f"rank_{rank}.log"), encoding="utf-8") as f:
-        return next(line for line in f if "world size" in line)
+        return [line for line in f if "world size" in line][-1]
 
 
 # ---------------------------------------------------------------- ISA choice

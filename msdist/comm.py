@@ -1,0 +1,263 @@
+"""Gradient communication: how the ranks' gradients become one update, and gradient accumulation.
+
+`grad_compression` picks the reducer that `create_reducer` builds:
+
+- none: MindSpore's fused float32 all-reduce (`engine.default_reducer`), untouched.
+- fp16: the same fused all-reduce on float16 copies of the gradients, half the bytes.
+- topk: each rank sends the `topk_ratio` largest-magnitude elements of every gradient tensor as
+  (index, value) pairs through AllGather; every rank scatter-adds all ranks' pairs into a dense
+  tensor and divides by the world size (the mean).
+- threshold: like topk, but only elements whose magnitude exceeds `threshold` are sent. Graph mode
+  needs static shapes, so the exchange buffer keeps its topk size: the top-K candidates below the
+  threshold travel as zeros (padding) and stay in the residual.
+
+With error feedback (the default) topk and threshold keep a residual per parameter: what a rank did
+not send this step is added to its next gradient (Seide et al. 2014; Lin et al. 2018, "Deep
+Gradient Compression"). Residuals are rank-local state, saved in each rank's checkpoint as
+`residual.<parameter name>` so a resumed run continues exactly.
+
+Gradients reach the reducer multiplied by the fixed loss scale (the optimizer divides it out), so
+the threshold is compared in scaled units and the residual is kept in scaled units too.
+
+`AccumulatingTrainStep` runs `grad_accum_steps` micro-batches per optimizer step: a compiled
+micro-step adds each micro-batch's gradients into buffers, and a compiled apply step reduces them
+(one collective per optimizer step) and updates the weights.
+"""
+from typing import List, Optional, Sequence
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+
+from msdist.errors import ConfigError
+
+COMPRESSIONS = ("none", "fp16", "topk", "threshold")
+RESIDUAL_PREFIX = "residual."
+_INDEX_BYTES = 4  # int32 indices
+_FLOAT_BYTES = {"float32": 4, "float16": 2}
+
+
+def kept_elements(size: int, ratio: float) -> int:
+    """Elements a sparse reducer sends for a tensor of `size` elements: `ratio` of them, at least one."""
+    return max(1, min(size, int(size * ratio)))
+
+
+def bytes_sent_per_step(sizes: Sequence[int], compression: str, topk_ratio: float = 1.0) -> int:
+    """Gradient bytes one rank contributes to the collectives of one optimizer step.
+
+    Args:
+        sizes: element counts of the trainable parameters.
+        compression: one of COMPRESSIONS.
+        topk_ratio: fraction kept per tensor (topk, threshold: the fixed exchange buffer).
+
+    On a ring, an all-reduce puts 2(N-1)/N times this on each rank's link and an all-gather
+    (N-1) times it; for N = 2 both equal this number.
+    """
+    if compression == "none":
+        return 4 * sum(sizes)
+    if compression == "fp16":
+        return 2 * sum(sizes)
+    return (_INDEX_BYTES + _FLOAT_BYTES["float32"]) * sum(kept_elements(n, topk_ratio) for n in sizes)
+
+
+class Fp16AllReduce(nn.Cell):
+    """Mean over ranks through MindSpore's fused all-reduce, carried in float16.
+
+    Each gradient is divided by the world size before the cast, so the sum cannot leave the float16
+    range when the single gradients fit. The loss scale (applied before this, removed by the
+    optimizer) lifts small gradients above float16's underflow, as in mixed-precision training;
+    scaled gradient elements must stay below 65504.
+    """
+
+    def __init__(self, params, world_size: int):
+        super().__init__(auto_prefix=False)
+        self.inv_world = 1.0 / world_size
+        self.all_reduce_sum = nn.DistributedGradReducer(params, mean=False, degree=world_size)
+        self.hyper_map = ops.HyperMap()
+
+    def construct(self, grads):
+        halves = self.hyper_map(ops.partial(_scaled_cast, self.inv_world, ms.float16), grads)
+        return self.hyper_map(ops.partial(_scaled_cast, 1.0, ms.float32), self.all_reduce_sum(halves))
+
+
+_scaled_cast = ops.MultitypeFuncGraph("scaled_cast")
+
+
+@_scaled_cast.register("Number", "TypeType", "Tensor")
+def _scale_then_cast(scale, dtype, grad):
+    return ops.cast(grad * scale, dtype)
+
+
+class _SparseTensorExchange(nn.Cell):
+    """One gradient tensor: pick elements, exchange (index, value) pairs, return the dense mean."""
+
+    def __init__(self, param: Parameter, keep: int, world_size: int, threshold: Optional[float],
+                 error_feedback: bool):
+        super().__init__(auto_prefix=False)
+        self.keep = keep
+        self.inv_world = 1.0 / world_size
+        self.threshold = threshold
+        self.top_k = ops.TopK(sorted=False)
+        self.all_gather = ops.AllGather()
+        self.residual = None
+        if error_feedback:
+            self.residual = Parameter(Tensor(np.zeros(param.shape, np.float32)), name=RESIDUAL_PREFIX + param.name,
+                                      requires_grad=False)
+
+    def construct(self, grad):
+        flat = grad.reshape(-1)
+        if self.residual is not None:
+            flat = flat + self.residual.reshape(-1)
+        _, index = self.top_k(ops.abs(flat), self.keep)
+        values = ops.gather(flat, index, 0)
+        if self.threshold is not None:
+            values = ops.select(ops.abs(values) > self.threshold, values, ops.zeros_like(values))
+        all_index = self.all_gather(index).reshape(-1, 1)
+        dense = ops.tensor_scatter_add(ops.zeros_like(flat), all_index, self.all_gather(values)) * self.inv_world
+        if self.residual is not None:
+            sent = ops.tensor_scatter_update(ops.zeros_like(flat), index.reshape(-1, 1), values)
+            dense = ops.depend(dense, ops.assign(self.residual, (flat - sent).reshape(grad.shape)))
+        return dense.reshape(grad.shape)
+
+
+class SparseAllGather(nn.Cell):
+    """Top-K or threshold sparsification with optional error feedback, one exchange per tensor.
+
+    Args:
+        params: the trainable parameters, in gradient order.
+        world_size: number of ranks.
+        topk_ratio: fraction of each tensor's elements sent (the exchange buffer size).
+        threshold: scaled magnitude an element must exceed to be sent; None sends the top-K as is.
+        error_feedback: keep per-parameter residuals of what was not sent.
+    """
+
+    def __init__(self, params, world_size: int, topk_ratio: float, threshold: Optional[float] = None,
+                 error_feedback: bool = True):
+        super().__init__(auto_prefix=False)
+        self.exchanges = nn.CellList([
+            _SparseTensorExchange(p, kept_elements(int(np.prod(p.shape)), topk_ratio), world_size, threshold,
+                                  error_feedback) for p in params], auto_prefix=False)
+
+    def construct(self, grads):
+        reduced = ()
+        for i in range(len(self.exchanges)):
+            reduced = reduced + (self.exchanges[i](grads[i]),)
+        return reduced
+
+    def residuals(self) -> List[Parameter]:
+        return [e.residual for e in self.exchanges if e.residual is not None]
+
+
+def create_reducer(compression: str, params, world_size: int, *, topk_ratio: float = 0.01,
+                   threshold: float = 1e-3, error_feedback: bool = True, loss_scale: float = 1.0):
+    """The cell that turns each rank's gradients into their cross-rank mean; None on one rank.
+
+    Args:
+        compression: one of COMPRESSIONS; "none" is MindSpore's own `nn.DistributedGradReducer`.
+        params: the optimizer's parameters, in gradient order.
+        world_size: number of ranks.
+        topk_ratio: topk/threshold: fraction of each tensor sent.
+        threshold: threshold: unscaled gradient magnitude to exceed.
+        error_feedback: topk/threshold: keep residuals of what was not sent.
+        loss_scale: the fixed loss scale the gradients carry.
+    """
+    if compression not in COMPRESSIONS:
+        raise ConfigError(f"grad_compression {compression!r} is not one of {', '.join(COMPRESSIONS)}")
+    if world_size == 1:
+        return None  # nothing crosses a link, so there is nothing to compress
+    if compression == "none":
+        from msdist.engine import default_reducer
+        return default_reducer(params, world_size)
+    if compression == "fp16":
+        return Fp16AllReduce(params, world_size)
+    cutoff = threshold * loss_scale if compression == "threshold" else None
+    return SparseAllGather(params, world_size, topk_ratio, cutoff, error_feedback)
+
+
+def residuals(reducer) -> List[Parameter]:
+    """The reducer's rank-local state that checkpoints must hold (error-feedback residuals)."""
+    return reducer.residuals() if isinstance(reducer, SparseAllGather) else []
+
+
+def micro_batch_size(per_rank_batch: int, accum_steps: int) -> int:
+    """Per-rank micro-batch: the rank's share of one optimizer step's batch, split in `accum_steps`."""
+    if per_rank_batch % accum_steps:
+        raise ConfigError(f"the per-rank batch {per_rank_batch} does not split into grad_accum_steps "
+                          f"{accum_steps} equal micro-batches; make batch_size a multiple of world size x "
+                          "grad_accum_steps")
+    return per_rank_batch // accum_steps
+
+
+class _ApplyAccumulated(nn.Cell):
+    """Average the accumulated gradients, reduce them over ranks once, step the optimizer, clear."""
+
+    def __init__(self, accumulated: ParameterTuple, optimizer, reducer, accum_steps: int):
+        super().__init__(auto_prefix=False)
+        self.accumulated = accumulated
+        self.optimizer = optimizer
+        self.reducer = reducer
+        self.inv_steps = 1.0 / accum_steps
+        self.hyper_map = ops.HyperMap()
+
+    def construct(self):
+        grads = self.hyper_map(ops.partial(_scaled_cast, self.inv_steps, ms.float32), self.accumulated)
+        if self.reducer is not None:
+            grads = self.reducer(grads)
+        done = self.optimizer(grads)
+        # Auto-monad keeps side effects in program order: the buffers are read above, cleared here.
+        return ops.depend(done, self.hyper_map(_clear, self.accumulated))
+
+
+_clear = ops.MultitypeFuncGraph("clear")
+
+
+@_clear.register("Tensor")
+def _clear_buffer(buffer):
+    return ops.assign(buffer, ops.zeros_like(buffer))
+
+
+class AccumulatingTrainStep(nn.Cell):
+    """One optimizer step over `accum_steps` micro-batches, with one gradient reduction.
+
+    Calling the cell runs one micro-batch (forward, backward, gradients added to buffers) and returns
+    its loss; `train_on` runs a rank's whole optimizer-step batch. The buffers hold scaled float32
+    gradient sums between micro-batches only, so checkpoints (taken between optimizer steps) skip them.
+
+    Args:
+        net: the model.
+        loss_fn: loss cell (logits, labels) -> scalar mean over the micro-batch.
+        optimizer: its `loss_scale` must equal `loss_scale` here.
+        loss_scale: the fixed scale the loss is multiplied by before backward.
+        reducer: from `create_reducer`; None on a single rank.
+        accum_steps: micro-batches per optimizer step.
+    """
+
+    def __init__(self, net, loss_fn, optimizer, loss_scale: float, reducer, accum_steps: int):
+        super().__init__(auto_prefix=False)
+        self.net_with_loss = nn.WithLossCell(net, loss_fn)
+        self.weights = optimizer.parameters
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+        self.loss_scale = loss_scale
+        self.accum_steps = accum_steps
+        self.accumulated = ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"accum.{p.name}",
+                                                     requires_grad=False) for p in self.weights])
+        self.hyper_map = ops.HyperMap()
+        self.apply_step = _ApplyAccumulated(self.accumulated, optimizer, reducer, accum_steps)
+
+    def construct(self, images, labels):
+        loss = self.net_with_loss(images, labels)
+        sens = ops.fill(loss.dtype, loss.shape, self.loss_scale)
+        grads = self.grad(self.net_with_loss, self.weights)(images, labels, sens)
+        return ops.depend(loss, self.hyper_map(ops.assign_add, self.accumulated, grads))
+
+    def compile(self, images, labels):
+        """Compile the micro-step for these micro-batch shapes, and the apply step."""
+        super().compile(images, labels)
+        self.apply_step.compile()
+
+    def train_on(self, images, labels) -> Tensor:
+        """One optimizer step on this rank's batch (split into `accum_steps` micro-batches); the mean loss."""
+        losses = [self(Tensor(x), Tensor(y)) for x, y in zip(np.split(images.asnumpy(), self.accum_steps),
+                                                               np.split(labels.asnumpy(), self.accum_steps))]
+        self.apply_step()
+        return sum(losses[1:], losses[0]) * (1.0 / self.accum_steps)
