@@ -216,12 +216,40 @@ def run_msdist(model: str, ranks: int, steps: int, root: str) -> dict:
             "peak_rss_mb": rss, "wall_s": round(wall, 1)}
 
 
+AMP_SETTINGS = (("O0", "float16"), ("O2", "float16"), ("O3", "float16"), ("O2", "bfloat16"))
+
+
+def run_amp(root: str, model: str = "resnet18", image_size: int = 32, epochs: int = 1) -> list:
+    """Speed and Test accuracy of each mixed-precision setting (1 rank, short real training)."""
+    rows = []
+    for level, dtype in AMP_SETTINGS:
+        output_dir = os.path.join(root, f"amp_{level}_{dtype}")
+        cmd = [sys.executable, "-m", "msdist.train", "--model", model, "--image_size", str(image_size),
+               "--batch_size", str(GLOBAL_BATCH), "--epochs", str(epochs), "--lr", "0.05", "--data_dir", DATA_DIR,
+               "--output_dir", output_dir, "--amp_level", level, "--amp_dtype", dtype, "--log_every", "20"]
+        row = {"amp_level": level, "amp_dtype": dtype}
+        try:
+            run_child(cmd, _env(), "msdist.train", 1800)
+            with open(os.path.join(output_dir, "result.json"), encoding="utf-8") as f:
+                result = json.load(f)
+            row.update(img_s=result["images_per_sec"], accuracy=result["accuracy"])
+        except RuntimeError as e:
+            row["error"] = _first_cause(os.path.join(output_dir, "logs", "rank_0.log")) or str(e).splitlines()[-1]
+        rows.append(row)
+    return rows
+
+
+def _first_cause(log_path: str) -> str:
+    """The line of a failed run's log that names what MindSpore could not do."""
+    try:
+        with open(log_path, encoding="utf-8") as f:
+            lines = [line.strip() for line in f]
+    except OSError:
+        return ""
+    return next((line[:200] for line in lines if "fail!" in line or "Unsupported" in line), "")
+
+
 # ---------------------------------------------------------------- workers (run inside the children)
-
-def _count_params(model: str) -> int:
-    from models import create_model
-    return sum(p.size for p in create_model(model, NUM_CLASSES).trainable_params())
-
 
 def worker_plain(model: str, steps: str) -> dict:
     """The tutorial's loop: ImageFolderDataset, Model.train, defaults everywhere."""
@@ -265,32 +293,27 @@ def worker_plain(model: str, steps: str) -> dict:
 
 
 def worker_allreduce(model: str, reps: str) -> dict:
-    """Seconds of one AllReduce of the model's whole gradient (one fused buffer), 2 ranks."""
+    """Seconds of the data-parallel gradient all-reduce alone: the model's gradient shapes through the
+    same `DistributedGradReducer` (and fusion) that training uses, 2 ranks."""
     from msdist import distributed, runtime
     launch = distributed.detect_launch()
     runtime.prepare(False, "auto", launch.local_world_size, local_rank=launch.local_rank, rank=launch.rank)
     import numpy as np
     import mindspore as ms
-    from mindspore import nn, ops
+
+    from models import create_model
+    from msdist import engine
 
     dist = distributed.init(launch, "CPU", tempfile.mkdtemp(prefix="msdist-bench-"))
-
-    class Reduce(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.reduce = ops.AllReduce()
-
-        def construct(self, x):
-            return self.reduce(x)
-
-    numel = _count_params(model)
-    cell, grads = Reduce(), ms.Tensor(np.ones(numel, np.float32))
-    cell(grads).asnumpy()
+    params = create_model(model, NUM_CLASSES).trainable_params()
+    reducer = engine.default_reducer(params, dist.world_size)
+    grads = tuple(ms.Tensor(np.ones(p.shape, np.float32)) for p in params)
+    reducer(grads)[0].asnumpy()
     start = time.perf_counter()
     for _ in range(int(reps)):
-        cell(grads).asnumpy()
+        reducer(grads)[0].asnumpy()
     seconds = (time.perf_counter() - start) / int(reps)
-    return {"allreduce_s": seconds, "megabytes": numel * 4 / 1e6, "rank": dist.rank}
+    return {"allreduce_s": seconds, "megabytes": sum(p.size for p in params) * 4 / 1e6, "rank": dist.rank}
 
 
 def worker_pipeline(ranks: str, batches: str) -> dict:
@@ -422,6 +445,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=8, help="msdist steps per run (the first is not timed)")
     parser.add_argument("--plain_steps", type=int, default=3, help="tutorial-loop steps (ResNet-50 takes ~1 min each)")
     parser.add_argument("--skip_plain", action="store_true", help="leave out the slow tutorial loop (a)")
+    parser.add_argument("--amp", action="store_true", help="also compare amp levels (ResNet-18, 32x32, 1 epoch)")
     parser.add_argument("--json", default="", help="also write the JSON here")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -458,9 +482,10 @@ def main() -> int:
         if has_torch and model == "resnet50":
             runs[f"{model} torch"] = _row(f"{model} torch eager NHWC", _worker("torch", model, max(3, args.steps // 2)),
                                           gflop, machine["peak_gflops_fp32"])
+    amp = run_amp(root) if args.amp else []
     report = {"machine": machine, "load_average": {"before": load_before, "after": load_average()},
               "command": " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
-              "image_size": IMAGE_SIZE, "global_batch": GLOBAL_BATCH, "pipeline": pipeline, "runs": runs,
+              "image_size": IMAGE_SIZE, "global_batch": GLOBAL_BATCH, "pipeline": pipeline, "runs": runs, "amp": amp,
               "ratios": {m: ratios(runs, pipeline, m) for m in args.models.split(",")}}
     print(f"\n{machine['model']}: {machine['cores']} cores @ {machine['ghz']} GHz, {machine['vector_bits']}-bit FMA, "
           f"fp32 peak {machine['peak_gflops_fp32']} GFLOP/s | load average {load_before:.2f} -> "
@@ -473,6 +498,9 @@ def main() -> int:
         for name, value in found.items():
             op, target = TARGETS[name]
             print(f"{model:<10}{name:<20}{value:>7.2f}   target {op} {target:<5} {_met(name, value)}")
+    for row in amp:
+        outcome = row.get("error") or f"{row['img_s']:.1f} img/s, Test accuracy {row['accuracy']:.4f}"
+        print(f"amp {row['amp_level']} {row['amp_dtype']:<9} {outcome}")
     text = json.dumps(report, default=float)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

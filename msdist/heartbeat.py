@@ -68,6 +68,7 @@ class Heartbeat:
         self.interval_s = interval_s
         self._state = {"epoch": 0, "step": 0, "global_step": 0}
         self._fault = _parse_fault(os.environ.get(FAULT_ENV, ""), rank)
+        self._lock = threading.Lock()  # the loop and the thread both write, through one tmp file
         self._thread = threading.Thread(target=self._run, name="msdist-heartbeat", daemon=True)
 
     def start(self) -> "Heartbeat":
@@ -92,14 +93,15 @@ class Heartbeat:
 
     def _write(self) -> None:
         tmp = f"{self.path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"time": time.time(), "pid": os.getpid(), "rank": self.rank, **self._state}, f)
-        os.replace(tmp, self.path)  # the launcher never reads a half-written file
+        with self._lock:
+            try:
+                with open(tmp, "w", encoding="utf-8") as f:
+                    json.dump({"time": time.time(), "pid": os.getpid(), "rank": self.rank, **self._state}, f)
+                os.replace(tmp, self.path)  # the launcher never reads a half-written file
+            except OSError:  # a full or vanished disk must not kill training; the launcher sees staleness
+                pass
 
     def _run(self) -> None:
         while True:
             time.sleep(self.interval_s)
-            try:
-                self._write()
-            except OSError:  # a full or vanished disk must not kill training; the launcher sees staleness
-                pass
+            self._write()

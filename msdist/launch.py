@@ -35,6 +35,7 @@ _POLL_S = 0.5
 _TERM_GRACE_S = 4.0            # SIGTERM -> SIGKILL; keeps "all stopped" well under 15 s
 _PORT_RELEASE_S = 30.0         # an explicit port must come free again before a restart
 _TRACEBACK_LINES = 12
+_USER_ERROR_EXIT = 2             # msdist.errors.cli_main's status for a UserError
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
 _PR_SET_PDEATHSIG = 1
 
@@ -194,11 +195,13 @@ def _stop_all(workers: List[_Worker], scheduler: Optional[subprocess.Popen]) -> 
 
 @dataclass
 class Failure:
+    """Why an attempt failed: which process, how, and where it was."""
     rank: Optional[int]              # None: the scheduler
     how: str                         # "exit code 1", "killed by SIGKILL", "stalled: ..."
     beat: Optional[dict] = None
     tail: List[str] = field(default_factory=list)
     stalled: bool = False
+    user_error: bool = False         # `msdist: error: ...`: bad option, config or data
     seen_at: float = field(default_factory=time.monotonic)   # when the launcher noticed
 
     def summary(self) -> str:
@@ -260,7 +263,8 @@ def _check_worker(w: _Worker, plan: Plan) -> Optional[Failure]:
     if code is not None and code < 0:
         return Failure(w.rank, _describe_exit(code), beat)  # killed: there is no traceback to show
     if code is not None and code > 0:
-        return Failure(w.rank, _describe_exit(code), beat, traceback_tail(w.log_offsets))
+        return Failure(w.rank, _describe_exit(code), beat, traceback_tail(w.log_offsets),
+                       user_error=code == _USER_ERROR_EXIT)
     if code is None and beat is not None:
         silent = time.time() - beat["time"]
         # Measured: the heartbeat thread misses ~8 s during cluster init on a busy 2-core machine.
@@ -351,6 +355,11 @@ def supervise(plan: Plan) -> int:
             _say(f"all ranks finished in {time.monotonic() - began:.0f} s")
             return 0
         _report(failure, time.monotonic() - failure.seen_at)
+        if failure.user_error:
+            # Running again cannot fix it, and --resume auto could even hide it (e.g. an output_dir
+            # that holds another run's checkpoints).
+            _say("not restarting: fix the error above first")
+            return 1
     spent = f" after {plan.max_restarts} restart(s)" if plan.max_restarts else ""
     # MindSpore ends ranks whose peer on another node vanished (~30 s), so the cause may be elsewhere.
     elsewhere = "; with several nodes the first failure may be on another node: see its launcher" \

@@ -391,6 +391,16 @@ def _assert_one_job_of_two_nodes(node0, node1):
     assert f"started rank 1 pid {beat['pid']} (world size 2, node 1)" in node1.stderr()
 
 
+def test_user_error_in_a_rank_is_not_restarted(tmp_path):
+    missing = str(tmp_path / "no-such-data")
+    job = Job(tmp_path, "user_error", ["-n", "2", "--max_restarts", "2"], SHORT_ARGS + ["--data_dir", missing])
+    assert job.wait() == 1
+    err = job.stderr()
+    assert "failed: exit code 2" in err and "no-such-data" in err  # the rank's one-line error, in the summary
+    assert "not restarting" in err and "restart 1 of 2" not in err
+    assert job.leftovers() == []
+
+
 def test_sigterm_to_launcher_leaves_nothing_behind(tmp_path):
     job = Job(tmp_path, "sigterm", ["-n", "2"], SHORT_ARGS)
     job.wait_for_beat(0)
@@ -414,3 +424,13 @@ def test_mpirun_killed_rank_ends_job_and_retry_loop_resumes(background_jobs):
     assert "resume auto:" in log  # the second run was given --resume auto
     # Both mpirun jobs ended, the scheduler rank 0 started included (its watchdog allows 10 s).
     assert job.leftovers(settle_s=15) == []
+
+
+def test_kill9_of_launcher_leaves_nothing_behind(tmp_path):
+    job = Job(tmp_path, "launcher_kill9", ["-n", "2"], SHORT_ARGS)
+    job.wait_for_beat(0)
+    job.wait_for_beat(1)
+    job.proc.kill()
+    job.proc.wait()
+    # Workers die with the launcher (PR_SET_PDEATHSIG); the scheduler's watchdog allows itself 10 s.
+    assert job.leftovers(settle_s=20) == []

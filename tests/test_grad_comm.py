@@ -1,0 +1,147 @@
+"""Gradient communication options under real `mpirun -n 2`: fp16 all-reduce, top-K / threshold
+sparsification with error feedback, gradient accumulation (msdist/comm.py, docs/grad_comm.md).
+
+Set-up: the equivalence tests' deterministic run (same seed, `--deterministic true --augment false`,
+shuffling on, global batch 16, lr 0.01 constant), 40 optimizer steps of resnet_tiny on the real
+fruits360-4 images. Accumulation is proved on `convnet_tiny`, which has no BatchNorm: BatchNorm's
+statistics cover the micro-batch, so no schedule can make k micro-batches equal one big batch with it.
+All runs start at once; most of a 2-rank run is cluster start-up and exit, which overlap.
+"""
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from conftest import checkpoints, load_params, run_msdist, tiny_args
+
+STEPS = 40
+SETUP = ("--epochs", 1, "--max_steps", STEPS, "--augment", "false", "--shuffle", "true", "--deterministic", "true",
+         "--lr", 0.01, "--lr_schedule", "constant", "--warmup_epochs", 0, "--batch_size", 16)
+SHORT = SETUP + ("--max_steps", 12)  # the later --max_steps wins
+SPARSE = ("--grad_compression", "topk", "--topk_ratio", 0.001)
+RUNS = {
+    "none": SETUP,
+    "fp16": SETUP + ("--grad_compression", "fp16"),
+    "topk_full": SETUP + ("--grad_compression", "topk", "--topk_ratio", 1.0),
+    "topk_ef": SETUP + SPARSE,
+    "topk_no_ef": SETUP + SPARSE + ("--error_feedback", "false"),
+    "threshold": SHORT + ("--grad_compression", "threshold", "--topk_ratio", 0.05, "--threshold", 0.01),
+    "accum_1": SHORT + ("--model", "convnet_tiny"),
+    "accum_2": SHORT + ("--model", "convnet_tiny", "--grad_accum_steps", 2),
+}
+FP16_TOLERANCE = 1e-3  # max |fp16 - fp32| per tensor, relative to the tensor's scale, after 40 steps
+ACCUM_TOLERANCE = 1e-5  # float32 summation order only
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, data_dir):
+    root = tmp_path_factory.mktemp("grad_comm")
+
+    def run(name):
+        run_msdist("train", tiny_args(data_dir, root / name, *RUNS[name]), ranks=2, timeout=600)
+
+    with ThreadPoolExecutor(max_workers=len(RUNS)) as pool:
+        list(pool.map(run, RUNS))
+    return root
+
+
+def _final(root, name, rank=0, include_state=False) -> dict:
+    return load_params(checkpoints(root / name, rank)[-1], include_state=include_state)
+
+
+def _model_params(params: dict) -> dict:
+    return {n: v for n, v in params.items() if not n.startswith("residual.")}
+
+
+def _result(root, name) -> dict:
+    with open(os.path.join(root / name, "result.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _worst_relative_gap(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(np.abs(a[n] - b[n]).max() / max(1.0, np.abs(a[n]).max()) for n in a)
+
+
+def test_topk_with_ratio_one_equals_plain_all_reduce_exactly(runs):
+    """Every element is sent: scatter-adding two ranks' values and halving rounds exactly like the
+    fused all-reduce's sum times 1/2, so weights, momenta and step counter match bit for bit."""
+    for rank in (0, 1):
+        plain = _final(runs, "none", rank, include_state=True)
+        full = _final(runs, "topk_full", rank, include_state=True)
+        residuals = {n: v for n, v in full.items() if n.startswith("residual.")}
+        assert residuals and all(not v.any() for v in residuals.values())  # nothing left behind
+        full = _model_params(full)
+        assert full.keys() == plain.keys()
+        different = [n for n in plain if not np.array_equal(plain[n], full[n])]
+        assert not different, f"rank {rank}: topk 1.0 differs from none in {different[:5]}"
+
+
+def test_fp16_all_reduce_stays_close_to_float32(runs):
+    plain, half = _final(runs, "none"), _final(runs, "fp16")
+    gap = _worst_relative_gap(plain, half)
+    assert 0 < gap < FP16_TOLERANCE, f"fp16 reduction is {gap:.2e} from float32 after {STEPS} steps"
+
+
+def test_small_topk_with_error_feedback_converges_like_uncompressed(runs):
+    plain, sparse = _result(runs, "none"), _result(runs, "topk_ef")
+    assert plain["accuracy"] > 0.9, plain  # the uncompressed run learned the task
+    assert sparse["accuracy"] >= plain["accuracy"] - 0.05, (sparse, plain)
+
+
+def test_without_residual_topk_does_measurably_worse(runs):
+    with_ef, without = _result(runs, "topk_ef"), _result(runs, "topk_no_ef")
+    assert without["accuracy"] <= with_ef["accuracy"] - 0.05, (without, with_ef)
+    assert without["loss"] > 2 * with_ef["loss"], (without, with_ef)
+
+
+def test_residuals_are_rank_local_state_in_every_checkpoint(runs):
+    """Error feedback leaves what was not sent in `residual.<param>`: non-zero, different per rank
+    (each rank's own leftovers), one per trainable parameter; without error feedback there are none."""
+    ranks = [_final(runs, "topk_ef", r) for r in (0, 1)]
+    model = _model_params(ranks[0])
+    residuals = [{n[len("residual."):]: v for n, v in params.items() if n.startswith("residual.")} for params in ranks]
+    trainable = {n for n in model if "moving_" not in n}
+    assert set(residuals[0]) == set(residuals[1]) == trainable
+    for name, value in residuals[0].items():
+        assert value.shape == model[name].shape
+    assert all(np.abs(res["fc.weight"]).sum() > 0 for res in residuals)
+    assert not np.array_equal(residuals[0]["fc.weight"], residuals[1]["fc.weight"])
+    assert not any(n.startswith("residual.") for n in _final(runs, "topk_no_ef"))
+
+
+def test_threshold_trains_on_two_ranks_and_keeps_the_rest(runs):
+    params = _final(runs, "threshold")
+    residual = [v for n, v in params.items() if n.startswith("residual.")]
+    assert residual and sum(np.abs(v).sum() for v in residual) > 0
+    assert _result(runs, "threshold")["global_steps"] == 12
+
+
+def test_accumulating_two_micro_batches_equals_one_batch(runs):
+    """Per rank, 2 micro-batches of 4 then one all-reduce give the update of one batch of 8."""
+    for rank in (0, 1):
+        gap = _worst_relative_gap(_final(runs, "accum_1", rank), _final(runs, "accum_2", rank))
+        assert gap < ACCUM_TOLERANCE, f"rank {rank}: accumulation differs from one batch by {gap:.2e}"
+    one, two = _final(runs, "accum_1", include_state=True), _final(runs, "accum_2", include_state=True)
+    assert one["global_step"] == two["global_step"] == 12  # the LR schedule advanced once per optimizer step
+    assert not any(n.startswith("accum.") for n in two)  # buffers are empty between steps: not saved
+    assert _result(runs, "accum_2")["global_steps"] == 12
+
+
+def test_accumulation_that_does_not_split_the_batch_is_a_one_line_error(data_dir, tmp_path):
+    proc = run_msdist("train", tiny_args(data_dir, tmp_path, "--max_steps", 1, "--grad_accum_steps", 3),
+                      check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "msdist: error: the per-rank batch 16 does not split into grad_accum_steps 3" in proc.stderr
+
+
+def test_bytes_sent_per_step():
+    from msdist.comm import bytes_sent_per_step, kept_elements
+    sizes = [1000, 10, 1]
+    assert bytes_sent_per_step(sizes, "none") == 4 * 1011
+    assert bytes_sent_per_step(sizes, "fp16") == 2 * 1011
+    assert [kept_elements(n, 0.01) for n in sizes] == [10, 1, 1]  # at least one element per tensor
+    assert bytes_sent_per_step(sizes, "topk", 0.01) == 8 * 12
+    assert bytes_sent_per_step(sizes, "threshold", 1.0) == 8 * 1011
