@@ -139,7 +139,7 @@ class RssWatch(threading.Thread):
         while self.proc.poll() is None:
             for pid in _descendants(self.proc.pid):
                 rss, cmdline = _peak_rss_mb(pid)
-                if rss and self.marker in cmdline:
+                if rss and self.marker in cmdline and "python" in cmdline.split(" ", 1)[0]:  # not mpirun
                     self.peaks[pid] = max(rss, self.peaks.get(pid, 0))
             time.sleep(0.5)
 

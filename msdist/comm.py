@@ -29,12 +29,11 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
+from msdist.engine import default_reducer
 from msdist.errors import ConfigError
 
 COMPRESSIONS = ("none", "fp16", "topk", "threshold")
 RESIDUAL_PREFIX = "residual."
-_INDEX_BYTES = 4  # int32 indices
-_FLOAT_BYTES = {"float32": 4, "float16": 2}
 
 
 def kept_elements(size: int, ratio: float) -> int:
@@ -57,7 +56,15 @@ def bytes_sent_per_step(sizes: Sequence[int], compression: str, topk_ratio: floa
         return 4 * sum(sizes)
     if compression == "fp16":
         return 2 * sum(sizes)
-    return (_INDEX_BYTES + _FLOAT_BYTES["float32"]) * sum(kept_elements(n, topk_ratio) for n in sizes)
+    return 8 * sum(kept_elements(n, topk_ratio) for n in sizes)  # an int32 index + a float32 value each
+
+
+_scaled_cast = ops.MultitypeFuncGraph("scaled_cast")
+
+
+@_scaled_cast.register("Number", "TypeType", "Tensor")
+def _scale_then_cast(scale, dtype, grad):
+    return ops.cast(grad * scale, dtype)
 
 
 class Fp16AllReduce(nn.Cell):
@@ -78,14 +85,6 @@ class Fp16AllReduce(nn.Cell):
     def construct(self, grads):
         halves = self.hyper_map(ops.partial(_scaled_cast, self.inv_world, ms.float16), grads)
         return self.hyper_map(ops.partial(_scaled_cast, 1.0, ms.float32), self.all_reduce_sum(halves))
-
-
-_scaled_cast = ops.MultitypeFuncGraph("scaled_cast")
-
-
-@_scaled_cast.register("Number", "TypeType", "Tensor")
-def _scale_then_cast(scale, dtype, grad):
-    return ops.cast(grad * scale, dtype)
 
 
 class _SparseTensorExchange(nn.Cell):
@@ -166,7 +165,6 @@ def create_reducer(compression: str, params, world_size: int, *, topk_ratio: flo
     if world_size == 1:
         return None  # nothing crosses a link, so there is nothing to compress
     if compression == "none":
-        from msdist.engine import default_reducer
         return default_reducer(params, world_size)
     if compression == "fp16":
         return Fp16AllReduce(params, world_size)

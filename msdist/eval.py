@@ -15,8 +15,9 @@ from msdist.errors import ConfigError, cli_main
 
 _logger = logging.getLogger("msdist.eval")
 
-# Checkpoints written by msdist.train also hold the optimizer state, which evaluation does not need.
-OPTIMIZER_STATE_PREFIXES = ("moments.", "global_step")
+# Checkpoints written by msdist.train also hold optimizer state and gradient-compression residuals,
+# which evaluation does not need.
+OPTIMIZER_STATE_PREFIXES = ("moments.", "global_step", "residual.")
 
 
 def cross_entropy_sum(logits: np.ndarray, labels: np.ndarray) -> float:

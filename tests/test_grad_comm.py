@@ -2,9 +2,18 @@
 sparsification with error feedback, gradient accumulation (msdist/comm.py, docs/grad_comm.md).
 
 Set-up: the equivalence tests' deterministic run (same seed, `--deterministic true --augment false`,
-shuffling on, global batch 16, lr 0.01 constant), 40 optimizer steps of resnet_tiny on the real
-fruits360-4 images. Accumulation is proved on `convnet_tiny`, which has no BatchNorm: BatchNorm's
-statistics cover the micro-batch, so no schedule can make k micro-batches equal one big batch with it.
+shuffling on, global batch 16, lr 0.01 constant) on the real fruits360-4 images.
+
+- Convergence (40 optimizer steps of resnet_tiny): uncompressed vs top-0.1% with and without error
+  feedback.
+- Exactness (12 steps of convnet_tiny, weight decay off): a model without BatchNorm, because
+  BatchNorm makes training chaotic enough here that one float32 rounding difference grows to ~10%
+  in the running statistics within 40 steps, which would hide what the reduction itself does; and
+  it is the only way k micro-batches can equal one batch (BatchNorm's statistics cover the
+  micro-batch). Weight decay is off because MindSpore compiles the optimizer's decay arithmetic
+  around its own fused all-reduce differently (last-bit differences), while the gradients of
+  topk 1.0 and of the all-reduce are bit-identical.
+
 All runs start at once; most of a 2-rank run is cluster start-up and exit, which overlap.
 """
 import json
@@ -16,23 +25,23 @@ import pytest
 
 from conftest import checkpoints, load_params, run_msdist, tiny_args
 
-STEPS = 40
-SETUP = ("--epochs", 1, "--max_steps", STEPS, "--augment", "false", "--shuffle", "true", "--deterministic", "true",
+SETUP = ("--epochs", 1, "--max_steps", 40, "--augment", "false", "--shuffle", "true", "--deterministic", "true",
          "--lr", 0.01, "--lr_schedule", "constant", "--warmup_epochs", 0, "--batch_size", 16)
-SHORT = SETUP + ("--max_steps", 12)  # the later --max_steps wins
+EXACT = SETUP + ("--max_steps", 12, "--model", "convnet_tiny", "--weight_decay", 0)  # later values win
 SPARSE = ("--grad_compression", "topk", "--topk_ratio", 0.001)
 RUNS = {
     "none": SETUP,
-    "fp16": SETUP + ("--grad_compression", "fp16"),
-    "topk_full": SETUP + ("--grad_compression", "topk", "--topk_ratio", 1.0),
     "topk_ef": SETUP + SPARSE,
     "topk_no_ef": SETUP + SPARSE + ("--error_feedback", "false"),
-    "threshold": SHORT + ("--grad_compression", "threshold", "--topk_ratio", 0.05, "--threshold", 0.01),
-    "accum_1": SHORT + ("--model", "convnet_tiny"),
-    "accum_2": SHORT + ("--model", "convnet_tiny", "--grad_accum_steps", 2),
+    "threshold": SETUP + ("--max_steps", 12, "--grad_compression", "threshold", "--topk_ratio", 0.05,
+                          "--threshold", 0.01),
+    "exact_none": EXACT,
+    "exact_fp16": EXACT + ("--grad_compression", "fp16"),
+    "exact_topk_full": EXACT + ("--grad_compression", "topk", "--topk_ratio", 1.0),
+    "exact_accum_2": EXACT + ("--grad_accum_steps", 2),
 }
-FP16_TOLERANCE = 1e-3  # max |fp16 - fp32| per tensor, relative to the tensor's scale, after 40 steps
-ACCUM_TOLERANCE = 1e-5  # float32 summation order only
+FP16_TOLERANCE = 1e-4  # max |fp16 - fp32| per tensor over its scale after 12 steps; measured 1.7e-5
+ACCUM_TOLERANCE = 1e-6  # float32 summation order only; measured 3e-8
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +78,8 @@ def test_topk_with_ratio_one_equals_plain_all_reduce_exactly(runs):
     """Every element is sent: scatter-adding two ranks' values and halving rounds exactly like the
     fused all-reduce's sum times 1/2, so weights, momenta and step counter match bit for bit."""
     for rank in (0, 1):
-        plain = _final(runs, "none", rank, include_state=True)
-        full = _final(runs, "topk_full", rank, include_state=True)
+        plain = _final(runs, "exact_none", rank, include_state=True)
+        full = _final(runs, "exact_topk_full", rank, include_state=True)
         residuals = {n: v for n, v in full.items() if n.startswith("residual.")}
         assert residuals and all(not v.any() for v in residuals.values())  # nothing left behind
         full = _model_params(full)
@@ -80,9 +89,9 @@ def test_topk_with_ratio_one_equals_plain_all_reduce_exactly(runs):
 
 
 def test_fp16_all_reduce_stays_close_to_float32(runs):
-    plain, half = _final(runs, "none"), _final(runs, "fp16")
-    gap = _worst_relative_gap(plain, half)
-    assert 0 < gap < FP16_TOLERANCE, f"fp16 reduction is {gap:.2e} from float32 after {STEPS} steps"
+    for rank in (0, 1):
+        gap = _worst_relative_gap(_final(runs, "exact_none", rank), _final(runs, "exact_fp16", rank))
+        assert 0 < gap < FP16_TOLERANCE, f"rank {rank}: fp16 reduction is {gap:.2e} from float32 after 12 steps"
 
 
 def test_small_topk_with_error_feedback_converges_like_uncompressed(runs):
@@ -103,7 +112,7 @@ def test_residuals_are_rank_local_state_in_every_checkpoint(runs):
     ranks = [_final(runs, "topk_ef", r) for r in (0, 1)]
     model = _model_params(ranks[0])
     residuals = [{n[len("residual."):]: v for n, v in params.items() if n.startswith("residual.")} for params in ranks]
-    trainable = {n for n in model if "moving_" not in n}
+    trainable = {n for n in model if "moving_" not in n and not n.startswith("msdist_state.")}
     assert set(residuals[0]) == set(residuals[1]) == trainable
     for name, value in residuals[0].items():
         assert value.shape == model[name].shape
@@ -116,18 +125,20 @@ def test_threshold_trains_on_two_ranks_and_keeps_the_rest(runs):
     params = _final(runs, "threshold")
     residual = [v for n, v in params.items() if n.startswith("residual.")]
     assert residual and sum(np.abs(v).sum() for v in residual) > 0
-    assert _result(runs, "threshold")["global_steps"] == 12
+    result = _result(runs, "threshold")
+    assert result["global_steps"] == 12 and result["accuracy"] > 0.4, result  # 4 classes: chance is ~0.25
 
 
 def test_accumulating_two_micro_batches_equals_one_batch(runs):
     """Per rank, 2 micro-batches of 4 then one all-reduce give the update of one batch of 8."""
     for rank in (0, 1):
-        gap = _worst_relative_gap(_final(runs, "accum_1", rank), _final(runs, "accum_2", rank))
+        gap = _worst_relative_gap(_final(runs, "exact_none", rank), _final(runs, "exact_accum_2", rank))
         assert gap < ACCUM_TOLERANCE, f"rank {rank}: accumulation differs from one batch by {gap:.2e}"
-    one, two = _final(runs, "accum_1", include_state=True), _final(runs, "accum_2", include_state=True)
+    one = _final(runs, "exact_none", include_state=True)
+    two = _final(runs, "exact_accum_2", include_state=True)
     assert one["global_step"] == two["global_step"] == 12  # the LR schedule advanced once per optimizer step
     assert not any(n.startswith("accum.") for n in two)  # buffers are empty between steps: not saved
-    assert _result(runs, "accum_2")["global_steps"] == 12
+    assert _result(runs, "exact_accum_2")["global_steps"] == 12
 
 
 def test_accumulation_that_does_not_split_the_batch_is_a_one_line_error(data_dir, tmp_path):
@@ -145,3 +156,14 @@ def test_bytes_sent_per_step():
     assert [kept_elements(n, 0.01) for n in sizes] == [10, 1, 1]  # at least one element per tensor
     assert bytes_sent_per_step(sizes, "topk", 0.01) == 8 * 12
     assert bytes_sent_per_step(sizes, "threshold", 1.0) == 8 * 1011
+
+
+def test_convnet_tiny_has_no_batchnorm():
+    import mindspore as ms
+    from mindspore import nn
+    from models import create_model
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    net = create_model("convnet_tiny", 4, zero_init_last_bn=True)
+    assert not any(isinstance(c, (nn.BatchNorm2d, nn.BatchNorm1d)) for _, c in net.cells_and_names())
+    out = net(ms.Tensor(np.random.default_rng(0).random((2, 3, 32, 32), dtype=np.float32))).asnumpy()
+    assert out.shape == (2, 4) and np.isfinite(out).all()
