@@ -126,15 +126,18 @@ EVAL_OPTIONS = TRAIN_OPTIONS + [
 ]
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports errors as one line, without the usage block."""
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that raises ConfigError (one line, no usage block) instead of printing and exiting.
+
+    Every msdist CLI uses it, so `errors.cli_main` reports all bad command lines the same way.
+    """
 
     def error(self, message):
         raise ConfigError(message)
 
 
-def _build_parser(prog: str, options: Sequence[Option]) -> _Parser:
-    parser = _Parser(prog=prog, allow_abbrev=False,
+def _build_parser(prog: str, options: Sequence[Option]) -> ArgumentParser:
+    parser = ArgumentParser(prog=prog, allow_abbrev=False,
                      description="Every option can also be set in the YAML given by --config.")
     parser.add_argument("--config", default="", help="YAML file whose keys set the defaults below")
     for opt in options:
@@ -200,7 +203,7 @@ def _validate(opt: Option, value: Any, where: str) -> None:
             raise ConfigError(f"{where}{opt.name}={value} must be <= {opt.max}")
 
 
-def _split_unknown(parser: _Parser, argv: Sequence[str], known: Sequence[str]):
+def _split_unknown(parser: ArgumentParser, argv: Sequence[str], known: Sequence[str]):
     ns, unknown = parser.parse_known_args(argv)
     for token in unknown:
         if token.startswith("--"):

@@ -17,7 +17,6 @@ init. Until the rank's first training step the limit is --startup_timeout, becau
 cluster init and compiler can hold the Python lock (and so silence the heartbeat thread) for a
 while; from then on it is --heartbeat_timeout.
 """
-import argparse
 import ctypes
 import os
 import re
@@ -72,13 +71,8 @@ class Plan:
         return os.path.join(self.output_dir, "logs")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise ConfigError(message)
-
-
-def _build_parser() -> _Parser:
-    p = _Parser(prog="msdist.launch", allow_abbrev=False,
+def _build_parser() -> config.ArgumentParser:
+    p = config.ArgumentParser(prog="msdist.launch", allow_abbrev=False,
                 description="Start N ranks of msdist.train on this node; unknown options go to msdist.train.")
     p.add_argument("-n", "--nproc_per_node", type=int, required=True, help="ranks (worker processes) on this node")
     p.add_argument("--nnodes", type=int, default=1, help="number of nodes, each running one launcher [1]")

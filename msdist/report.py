@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence
 
 import yaml
 
-from msdist.config import _Parser
+from msdist.config import ArgumentParser
 from msdist.errors import ConfigError, DataError, cli_main
 from msdist.monitor import METRICS_FILE, format_duration
 
@@ -177,7 +177,7 @@ def plot(runs: Sequence[Run], out_path: str) -> None:
 
 
 def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = _Parser(prog="msdist.report", allow_abbrev=False,
+    parser = ArgumentParser(prog="msdist.report", allow_abbrev=False,
                      description="Curves (report.png) and a text summary of one or more msdist.train runs; "
                                  "several OUTPUT_DIRs are overlaid.")
     parser.add_argument("output_dirs", nargs="+", metavar="OUTPUT_DIR", help="a run's --output_dir")

@@ -7,7 +7,6 @@ MindSpore's fused BatchNorm and the cross-rank one grow chaotically within a few
 nothing about correctness). Tolerance: every parameter tensor within 1e-4 of the single-card one,
 relative to the tensor's scale (max |value|, floored at 1).
 """
-import os
 import sys
 
 import numpy as np

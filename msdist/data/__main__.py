@@ -6,17 +6,13 @@
 import argparse
 import sys
 
+from msdist.config import ArgumentParser
 from msdist.errors import ConfigError, DataError, cli_main
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise ConfigError(message)
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m msdist.data", description="msdist data tools")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = ArgumentParser(prog="python -m msdist.data", description="msdist data tools")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     synth = sub.add_parser("synth", help="write a demo ImageFolder tree (Training/, Test/) of fruit-like JPEGs")
     synth.add_argument("out", help="output folder")
     synth.add_argument("--classes", type=int, default=4, help="number of classes (default 4)")
