@@ -18,6 +18,7 @@ The last line is the JSON of everything; `--json PATH` also writes it to a file.
 """
 import argparse
 import glob
+import importlib.util
 import json
 import os
 import re
@@ -458,11 +459,7 @@ def main() -> int:
 
     machine = cpu_info()
     load_before = load_average()
-    try:
-        import torch  # noqa: F401 - only whether it is there
-        has_torch = True
-    except ImportError:
-        has_torch = False
+    has_torch = importlib.util.find_spec("torch") is not None
     pipeline = {n: _worker("pipeline", n, 30, tuned=True) for n in (1, 2)}
     runs, root = {}, tempfile.mkdtemp(prefix="msdist-throughput-")
     for model in args.models.split(","):

@@ -68,7 +68,8 @@ def main(argv=None) -> int:
     if not cfg.ckpt:
         raise ConfigError("--ckpt is required: the checkpoint to evaluate")
     launch = distributed.detect_launch()
-    rt = runtime.prepare(cfg.verbose, "auto", launch.local_world_size)
+    rt = runtime.prepare(cfg.verbose, cfg.cpu_isa, launch.local_world_size, local_rank=launch.local_rank,
+                         rank=launch.rank, bind_cores=cfg.bind_cores)
     from msdist import checkpoint, engine, monitor
     from msdist.data import check as data_check
     from msdist.data import pipeline
@@ -77,6 +78,7 @@ def main(argv=None) -> int:
     log_dir = os.path.join(cfg.output_dir, "logs")
     os.makedirs(log_dir, exist_ok=True)
     dist = distributed.init(launch, cfg.device_target, log_dir, cfg.deterministic)
+    runtime.configure_mindspore(rt)
     monitor.setup_logging(log_dir, dist.rank, console=dist.is_main)
     collectives = distributed.Collectives(dist.world_size)
     # The same data check as training: a corrupt Test image is named, never a C++ decoder trace.
