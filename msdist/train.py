@@ -157,8 +157,8 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
     ckpt_dir = os.path.join(cfg.output_dir, "ckpt")
     prefix = cfg.ckpt_prefix or cfg.model
     cfg_hash = config.config_hash(cfg)
-    start = checkpoint.resume_state(cfg.resume, ckpt_dir, prefix, dist.rank, collectives, train_step, saved_params, cfg_hash,
-                         steps_per_epoch)
+    start = checkpoint.resume_state(cfg.resume, ckpt_dir, prefix, dist.rank, collectives, train_step,
+                                    saved_params, cfg_hash, steps_per_epoch)
     distributed.check_replicas_identical(collectives, net, "at start")
 
     def save(epoch: int, step: int, global_step: int) -> None:
