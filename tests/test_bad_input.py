@@ -448,7 +448,7 @@ def test_trainer_skip_run_then_foreign_checkpoint_and_overwrite(bad_tree, tmp_pa
 
     moved = os.path.join(archive, "ckpt", os.path.basename(ckpt))
     evaluated = _run("eval", *TINY, "--data_dir", bad_tree, "--output_dir", str(tmp_path / "eval"),
-                     "--model", "resnet18", "--ckpt", moved)
+                     "--bad_images", "skip", "--model", "resnet18", "--ckpt", moved)
     _one_error_line(evaluated, "does not fit the model", "fc.weight is Float32[2, 64], model needs Float32[2, 512]")
 
 
