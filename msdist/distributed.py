@@ -24,6 +24,8 @@ from typing import Optional
 
 import numpy as np
 
+from msdist.errors import ConfigError
+
 _logger = logging.getLogger(__name__)
 
 _RENDEZVOUS_TIMEOUT_S = 120
@@ -89,7 +91,7 @@ def choose_device_target(requested: str, has_gpu: bool) -> str:
     if requested == "auto":
         return "GPU" if has_gpu else "CPU"
     if requested == "GPU" and not has_gpu:
-        raise RuntimeError("--device_target GPU was requested but MindSpore's GPU backend is not usable here; "
+        raise ConfigError("--device_target GPU was requested but MindSpore's GPU backend is not usable here; "
                            "install the GPU build of MindSpore or use --device_target CPU")
     return requested
 

@@ -70,7 +70,7 @@ def test_device_backend_and_launch_choice():
     assert distributed.choose_device_target("auto", has_gpu=True) == "GPU"
     assert distributed.choose_device_target("auto", has_gpu=False) == "CPU"
     assert distributed.choose_device_target("CPU", has_gpu=True) == "CPU"
-    with pytest.raises(RuntimeError, match="GPU backend is not usable"):
+    with pytest.raises(ConfigError, match="GPU backend is not usable"):
         distributed.choose_device_target("GPU", has_gpu=False)
     assert distributed.backend_for("GPU") == "nccl" and distributed.backend_for("CPU") == "mccl"
     mpi = distributed.detect_launch({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3",
@@ -243,7 +243,7 @@ def test_killed_rank_ends_job_and_scheduler(data_dir, tmp_path):
                  and str(tmp_path) in _cmdline_of(p)]
         assert len(rank1) == 1
         os.kill(rank1[0], signal.SIGKILL)
-        assert job.wait(timeout=60) != 0
+        assert job.wait(timeout=15) != 0  # the bound: a dead rank ends the job within 15 s
     finally:
         if job.poll() is None:
             job.kill()

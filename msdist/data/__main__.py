@@ -49,8 +49,8 @@ def _check(data_dir: str, tiny) -> None:
     report = check.scan(data_dir)
     print(check.format_report(report, data_dir, check.TINY_CLASS if tiny is None else tiny), flush=True)
     if not report.clean:
-        raise DataError(f"{data_dir} is not clean: {len(report.bad)} bad file(s) and {len(report.problems)} "
-                        "tree problem(s), listed above")
+        raise DataError(f"{data_dir} is not clean: {len(report.bad)} bad file(s), {len(report.problems)} "
+                        f"tree problem(s) and {len(report.warnings)} tree warning(s), listed above")
 
 
 if __name__ == "__main__":

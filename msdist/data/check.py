@@ -6,11 +6,13 @@ It looks at every entry of an ImageFolder tree (`Training/<class>/`, `Test/<clas
   unreadable, not a regular file, a symlink pointing outside the tree, not an image, truncated or
   corrupt, or a format MindSpore's decoder does not read (GIF, WebP, ...);
 * ignored entries: non-image files and folders that training passes over anyway;
-* tree problems: a split or class folder without usable images, Test classes unknown to Training,
-  Training classes missing from Test;
+* tree problems: a split or class folder without usable images, Test classes unknown to Training;
+* tree warnings: Training classes missing from Test (training works, labels stay aligned, but those
+  classes are never evaluated);
 * per-class counts of usable images, so tiny classes can be flagged.
 
-Bad files and tree problems fail the check; ignored entries and tiny classes are only reported.
+Bad files, tree problems and tree warnings fail the check; training refuses only bad files and tree
+problems. Ignored entries and tiny classes are only reported.
 
 How images are decoded, and why this way: every file is decoded for real with PIL (fast, thread
 friendly, and its errors say *what* is wrong). For JPEG, PIL and MindSpore both use libjpeg-turbo and
@@ -43,7 +45,7 @@ _logger = logging.getLogger(__name__)
 SPLITS = (TRAIN_SPLIT, TEST_SPLIT)
 DECODABLE_FORMATS = ("JPEG", "PNG", "BMP", "TIFF")   # what MindSpore 2.10 Decode reads (not GIF, WebP)
 TINY_CLASS = 10        # default: flag classes with fewer usable images
-_CACHE_VERSION = 1     # bump when verdicts change, to invalidate old caches
+_CACHE_VERSION = 2     # bump when verdicts change, to invalidate old caches
 _SHOWN = 3             # files named in a one-line error before "and N more"
 
 
@@ -60,11 +62,12 @@ class Report:
     bad: Tuple[BadFile, ...] = ()
     ignored: Tuple[str, ...] = ()       # non-image entries that training passes over
     problems: Tuple[str, ...] = ()      # tree-level errors
+    warnings: Tuple[str, ...] = ()      # tree-level findings training can live with
     from_cache: bool = field(default=False, compare=False)
 
     @property
     def clean(self) -> bool:
-        return not self.bad and not self.problems
+        return not self.bad and not self.problems and not self.warnings
 
     def tiny_classes(self, minimum: int = TINY_CLASS) -> List[str]:
         """`split/class (n)` for every class with fewer than `minimum` but more than 0 usable images."""
@@ -216,7 +219,8 @@ def scan(data_dir: str, workers: int = 0) -> Report:
     ignored = list(tree.stray) + sorted(os.path.join(folder, name) for folder, names in tree.entries.items()
                                         for name in names if not is_image(name))
     counts = _usable_counts(tree, {b.path for b in bad})
-    return Report(counts, tuple(bad), tuple(ignored), tuple(_tree_problems(tree, counts)))
+    return Report(counts, tuple(bad), tuple(ignored), tuple(_tree_problems(tree, counts)),
+                  tuple(_tree_warnings(tree)))
 
 
 def _usable_counts(tree: _Tree, bad: set) -> Dict[str, Dict[str, int]]:
@@ -240,16 +244,19 @@ def _tree_problems(tree: _Tree, counts: Dict[str, Dict[str, int]]) -> List[str]:
             problems.append(f"{folder}/ has no usable images (all {found} are bad)" if found else
                             f"{folder}/ is an empty class folder (no {'/'.join(IMAGE_EXTENSIONS)} files); "
                             "add images or remove it")
-    train, test = set(tree.classes[TRAIN_SPLIT]), set(tree.classes[TEST_SPLIT])
-    if TEST_SPLIT not in tree.missing and TRAIN_SPLIT not in tree.missing:
-        unknown, untested = sorted(test - train), sorted(train - test)
-        if unknown:
-            problems.append(f"{TEST_SPLIT}/ has classes unknown to {TRAIN_SPLIT}/: {', '.join(unknown)}; "
-                            f"add them to {TRAIN_SPLIT}/ or remove them from {TEST_SPLIT}/")
-        if untested:
-            problems.append(f"{TRAIN_SPLIT}/ classes missing from {TEST_SPLIT}/: {', '.join(untested)}; "
-                            f"add {TEST_SPLIT}/<class>/ images for them or remove them from {TRAIN_SPLIT}/")
+    unknown = sorted(set(tree.classes[TEST_SPLIT]) - set(tree.classes[TRAIN_SPLIT]))
+    if unknown and not tree.missing:
+        problems.append(f"{TEST_SPLIT}/ has classes unknown to {TRAIN_SPLIT}/: {', '.join(unknown)}; "
+                        f"add them to {TRAIN_SPLIT}/ or remove them from {TEST_SPLIT}/")
     return problems
+
+
+def _tree_warnings(tree: _Tree) -> List[str]:
+    untested = sorted(set(tree.classes[TRAIN_SPLIT]) - set(tree.classes[TEST_SPLIT]))
+    if not untested or tree.missing:
+        return []
+    return [f"{TRAIN_SPLIT}/ classes missing from {TEST_SPLIT}/: {', '.join(untested)}; they are trained on but "
+            f"never evaluated (labels stay aligned); add {TEST_SPLIT}/<class>/ images to evaluate them"]
 
 
 # ---------------------------------------------------------------- fingerprint cache
@@ -284,12 +291,13 @@ def default_cache_dir() -> str:
 
 def _to_json(report: Report) -> dict:
     return {"counts": report.counts, "bad": [[b.path, b.reason] for b in report.bad],
-            "ignored": list(report.ignored), "problems": list(report.problems)}
+            "ignored": list(report.ignored), "problems": list(report.problems), "warnings": list(report.warnings)}
 
 
 def _from_json(data: dict) -> Report:
     return Report({s: {c: int(n) for c, n in classes.items()} for s, classes in data["counts"].items()},
                   tuple(BadFile(p, r) for p, r in data["bad"]), tuple(data["ignored"]), tuple(data["problems"]),
+                  tuple(data["warnings"]),
                   from_cache=True)
 
 
@@ -398,6 +406,8 @@ def _log_report(report: Report, data_dir: str, skip_bad: bool) -> None:
         _logger.warning("bad image %s: %s", os.path.join(data_dir, bad.path), bad.reason)
     if report.bad and skip_bad and not report.problems:
         _logger.warning("bad_images skip: skipped %d bad image file(s) on every rank", len(report.bad))
+    for warning in report.warnings:
+        _logger.warning("data check: %s", warning)
     if report.ignored:
         _logger.info("ignored %d non-image entries (e.g. %s)", len(report.ignored), report.ignored[0])
     tiny = report.tiny_classes()
@@ -422,6 +432,7 @@ def format_report(report: Report, data_dir: str, tiny: int = TINY_CLASS) -> str:
     lines.append(f"  {'total':<{width}}  {totals[0]:>8}  {totals[1]:>8}")
     sections = [("bad files", [f"{b.path}: {b.reason}" for b in report.bad]),
                 ("tree problems", list(report.problems)),
+                ("tree warnings", list(report.warnings)),
                 ("ignored non-image entries (training passes over them)", list(report.ignored)),
                 (f"tiny classes (fewer than {tiny} usable images)", report.tiny_classes(tiny))]
     for title, items in sections:
@@ -429,5 +440,6 @@ def format_report(report: Report, data_dir: str, tiny: int = TINY_CLASS) -> str:
             lines.append(f"{title} ({len(items)}):")
             lines += [f"  {item}" for item in items]
     lines.append("clean" if report.clean else
-                 f"NOT clean: {len(report.bad)} bad file(s), {len(report.problems)} tree problem(s)")
+                 f"NOT clean: {len(report.bad)} bad file(s), {len(report.problems)} tree problem(s), "
+                 f"{len(report.warnings)} tree warning(s)")
     return "\n".join(lines)
