@@ -214,15 +214,18 @@ def _split_unknown(parser: ArgumentParser, argv: Sequence[str], known: Sequence[
 
 
 def parse(argv: Optional[Sequence[str]] = None, options: Sequence[Option] = TRAIN_OPTIONS,
-          prog: str = "msdist.train") -> argparse.Namespace:
+          prog: str = "msdist.train", suggest_also: Sequence[str] = ()) -> argparse.Namespace:
     """Resolve the configuration: schema defaults < YAML < command line.
+
+    Args:
+        suggest_also: option names of a wrapping CLI (msdist.launch), offered by did-you-mean too.
 
     Raises:
         ConfigError: unknown key, bad type, out-of-range value or missing file.
     """
     by_name = {o.name: o for o in options}
     parser = _build_parser(prog, options)
-    cli = _split_unknown(parser, list(sys.argv[1:] if argv is None else argv), list(by_name))
+    cli = _split_unknown(parser, list(sys.argv[1:] if argv is None else argv), list(by_name) + list(suggest_also))
     values = {o.name: o.default for o in options}
     if cli.config:
         for key, value in _load_yaml(cli.config).items():

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from msdist import config, distributed, heartbeat
+from msdist.data import pipeline
 from msdist.errors import ConfigError, cli_main
 
 _POLL_S = 0.5
@@ -58,6 +59,7 @@ class Plan:
     startup_timeout: float       # the stall limit until a rank's first training step
     train_args: List[str]
     output_dir: str
+    data_dir: str
 
     @property
     def world_size(self) -> int:
@@ -97,7 +99,8 @@ def parse_args(argv: Optional[List[str]] = None) -> Plan:
     Raises:
         ConfigError: a bad launcher option, or a train config that msdist.train would reject.
     """
-    ns, train_args = _build_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
+    parser = _build_parser()
+    ns, train_args = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if ns.nproc_per_node < 1:
         raise ConfigError(f"-n {ns.nproc_per_node}: need at least one rank per node")
     if ns.nnodes < 1 or not 0 <= ns.node_rank < ns.nnodes:
@@ -109,10 +112,12 @@ def parse_args(argv: Optional[List[str]] = None) -> Plan:
         raise ConfigError(f"--master_port {ns.master_port} is not a TCP port")
     if ns.max_restarts < 0 or ns.heartbeat_timeout <= 0 or ns.startup_timeout <= 0:
         raise ConfigError("--max_restarts must be >= 0, --heartbeat_timeout and --startup_timeout > 0")
-    cfg = config.parse(train_args)  # fail here, once, rather than in N ranks
+    # Fail here, once, rather than in N ranks; a mistyped launcher option gets its did-you-mean too.
+    launcher_options = [o[2:] for o in parser._option_string_actions if o.startswith("--")]  # pylint: disable=protected-access
+    cfg = config.parse(train_args, suggest_also=launcher_options)
     return Plan(ns.nproc_per_node, ns.nnodes, ns.node_rank, ns.master_addr or "127.0.0.1", ns.master_port,
                 ns.max_restarts, ns.heartbeat_timeout, ns.startup_timeout, list(train_args),
-                os.path.abspath(cfg.output_dir))
+                os.path.abspath(cfg.output_dir), cfg.data_dir)
 
 
 # ---------------------------------------------------------------- processes
@@ -131,6 +136,7 @@ class _Worker:
     proc: subprocess.Popen
     heartbeat_path: str
     log_offsets: Dict[str, int]   # log file sizes at spawn: logs are appended to across attempts
+    started: float = field(default_factory=time.time)
 
 
 def _log_paths(log_dir: str, rank: int) -> List[str]:
@@ -195,6 +201,7 @@ class Failure:
     beat: Optional[dict] = None
     tail: List[str] = field(default_factory=list)
     stalled: bool = False
+    silent_since: float = 0.0        # a stalled rank's last sign of life (heartbeat or spawn), time.time()
     user_error: bool = False         # `msdist: error: ...`: bad option, config or data
     seen_at: float = field(default_factory=time.monotonic)   # when the launcher noticed
 
@@ -249,6 +256,16 @@ def traceback_tail(log_offsets: Dict[str, int]) -> List[str]:
     return []
 
 
+def _is_stopped(pid: int) -> bool:
+    """True when the process is stopped (SIGSTOP, SIGTSTP, a debugger), from /proc/PID/stat."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]  # the field after "(command name)"
+    except (OSError, IndexError):
+        return False
+    return state in ("T", "t")
+
+
 def _check_worker(w: _Worker, plan: Plan) -> Optional[Failure]:
     code = w.proc.poll()
     beat = heartbeat.read(w.heartbeat_path)
@@ -259,21 +276,27 @@ def _check_worker(w: _Worker, plan: Plan) -> Optional[Failure]:
     if code is not None and code > 0:
         return Failure(w.rank, _describe_exit(code), beat, traceback_tail(w.log_offsets),
                        user_error=code == _USER_ERROR_EXIT)
-    if code is None and beat is not None:
-        silent = time.time() - beat["time"]
-        # Measured: the heartbeat thread misses ~8 s during cluster init on a busy 2-core machine.
-        training = beat["epoch"] > 0
-        limit = plan.heartbeat_timeout if training else plan.startup_timeout
-        if silent > limit:
-            option = "--heartbeat_timeout" if training else "--startup_timeout"
-            return Failure(w.rank, f"stalled: no heartbeat for {silent:.0f} s ({option} {limit:g})", beat,
-                           stalled=True)
-    return None
+    if code is not None:
+        return None
+    # Before the first training step MindSpore's cluster init and compiler may hold the Python lock
+    # and silence the heartbeat thread (measured: ~8 s on a busy 2-core machine), hence the longer
+    # start-up limit. A stopped process is not compiling, so it gets the training limit at any time.
+    stopped = _is_stopped(w.proc.pid)
+    training = beat is not None and beat["epoch"] > 0
+    limit, option = (plan.heartbeat_timeout, "--heartbeat_timeout") if training or stopped else \
+        (plan.startup_timeout, "--startup_timeout")
+    alive_at = beat["time"] if beat is not None else w.started
+    silent = time.time() - alive_at
+    if silent <= limit:
+        return None
+    what = f"no heartbeat for {silent:.0f} s" if beat is not None else f"no heartbeat in {silent:.0f} s since start"
+    return Failure(w.rank, f"stalled: {what}{' (process stopped)' if stopped else ''} ({option} {limit:g})", beat,
+                   stalled=True, silent_since=alive_at)
 
 
 def _first_cause(failures: List[Failure]) -> Failure:
     """A rank that died explains the others; among stalls, the rank silent the longest blocked the rest."""
-    return min(failures, key=lambda f: (f.stalled, f.beat["time"] if f.stalled else 0.0))
+    return min(failures, key=lambda f: (f.stalled, f.silent_since))
 
 
 # ---------------------------------------------------------------- one attempt
@@ -306,7 +329,11 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int) -> Optional[Fai
             scheduler = distributed.start_scheduler(plan.master_addr, port, plan.world_size,
                                                     os.path.join(plan.log_dir, "scheduler.log"))
         # Workers that find no scheduler back off for tens of seconds, so only start them once it listens.
-        distributed.wait_until_listening(plan.master_addr, port)
+        try:
+            distributed.wait_until_listening(plan.master_addr, port, plan.startup_timeout)
+        except RuntimeError as e:
+            where = "" if plan.node_rank == 0 else "; check --master_addr/--master_port and that node 0's launcher runs"
+            return Failure(None, f"{e}{where}")
         workers = [_spawn_worker(plan, i, plan.master_addr, port, train_args) for i in range(plan.nproc)]
         ranks = ", ".join(f"rank {w.rank} pid {w.proc.pid}" for w in workers)
         _say(f"attempt {attempt + 1}: started {ranks} (world size {plan.world_size}, node {plan.node_rank}); "
@@ -372,6 +399,7 @@ def _raise_stop(signum, _frame):
 @cli_main
 def main(argv: Optional[List[str]] = None) -> int:
     plan = parse_args(argv)
+    pipeline.check_data_dir(plan.data_dir)  # named once here, not by every rank after start-up
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
     try:

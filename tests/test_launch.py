@@ -218,12 +218,24 @@ def test_bad_train_option_fails_before_starting_anything(tmp_path):
         launch.parse_args(["-n", "2", "--config", "configs/tiny_test.yaml", "--epoch", "3"])
     with pytest.raises(ConfigError, match="--master_addr"):
         launch.parse_args(["-n", "1", "--nnodes", "2", "--node_rank", "1"])
+    # A mistyped launcher option is suggested as the launcher option it resembles.
+    with pytest.raises(ConfigError, match=r"unknown option --max_restart \(did you mean --max_restarts\?\)"):
+        launch.parse_args(["-n", "2", "--max_restart", "3", "--data_dir", str(tmp_path)])
+    with pytest.raises(ConfigError, match=r"did you mean --heartbeat_timeout\?"):
+        launch.parse_args(["-n", "2", "--heartbeat_timout", "3", "--data_dir", str(tmp_path)])
+    # A missing data_dir is named once, before any rank starts.
+    proc = subprocess.run([sys.executable, "-m", "msdist.launch", "-n", "2", "--data_dir", str(tmp_path / "nowhere"),
+                           "--output_dir", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "msdist: error: data_dir" in proc.stderr and "nowhere" in proc.stderr
+    assert not os.path.exists(tmp_path / "out" / "logs")
 
 
-def test_unknown_options_go_to_train():
-    plan = launch.parse_args(["-n", "2", "--max_restarts", "3", "--epochs", "4", "--output_dir", "/tmp/x"])
+def test_unknown_options_go_to_train(tmp_path):
+    plan = launch.parse_args(["-n", "2", "--max_restarts", "3", "--epochs", "4", "--output_dir", "/tmp/x",
+                              "--data_dir", str(tmp_path)])
     assert (plan.world_size, plan.max_restarts, plan.master_addr) == (2, 3, "127.0.0.1")
-    assert plan.train_args == ["--epochs", "4", "--output_dir", "/tmp/x"]
+    assert plan.train_args == ["--epochs", "4", "--output_dir", "/tmp/x", "--data_dir", str(tmp_path)]
 
 
 def test_traceback_tail_reads_only_this_attempt(tmp_path):
@@ -246,8 +258,8 @@ def test_traceback_tail_ends_at_the_exception_line(tmp_path):
 
 def test_first_cause_prefers_a_dead_rank_then_the_longest_silent():
     beat = {"epoch": 1, "step": 3, "global_step": 3}
-    stalled_late = launch.Failure(0, "stalled", dict(beat, time=200.0), stalled=True)
-    stalled_early = launch.Failure(1, "stalled", dict(beat, time=100.0), stalled=True)
+    stalled_late = launch.Failure(0, "stalled", dict(beat, time=200.0), stalled=True, silent_since=200.0)
+    stalled_early = launch.Failure(1, "stalled", None, stalled=True, silent_since=100.0)  # never beat
     dead = launch.Failure(2, "killed by SIGKILL", beat)
     assert launch._first_cause([stalled_late, stalled_early]).rank == 1
     assert launch._first_cause([stalled_late, dead, stalled_early]).rank == 2
@@ -255,7 +267,7 @@ def test_first_cause_prefers_a_dead_rank_then_the_longest_silent():
 
 def test_stall_limit_is_startup_timeout_until_the_first_step(tmp_path):
     plan = launch.parse_args(["-n", "1", "--heartbeat_timeout", "10", "--startup_timeout", "600",
-                              "--output_dir", str(tmp_path)])
+                              "--output_dir", str(tmp_path), "--data_dir", str(tmp_path)])
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
         worker = launch._Worker(0, sleeper, str(tmp_path / "rank_0.heartbeat"), {})
@@ -266,6 +278,23 @@ def test_stall_limit_is_startup_timeout_until_the_first_step(tmp_path):
             failure = launch._check_worker(worker, plan)
             assert (failure is not None) == stalled
         assert "stalled: no heartbeat for 20 s (--heartbeat_timeout 10)" in failure.how
+        # A process stopped before its first step is not compiling: the training limit applies.
+        with open(worker.heartbeat_path, "w") as f:
+            json.dump({"time": time.time() - 20, "pid": sleeper.pid, "rank": 0, "epoch": 0, "step": 0,
+                       "global_step": 0}, f)
+        sleeper.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while not launch._is_stopped(sleeper.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        failure = launch._check_worker(worker, plan)
+        assert "(process stopped) (--heartbeat_timeout 10)" in failure.how
+        # A rank that never wrote a heartbeat is stalled once the start-up limit passes after its spawn.
+        os.remove(worker.heartbeat_path)
+        sleeper.send_signal(signal.SIGCONT)
+        quiet = launch._Worker(0, sleeper, worker.heartbeat_path, {}, started=time.time() - 700)
+        failure = launch._check_worker(quiet, plan)
+        assert failure is not None and "no heartbeat in 700 s since start (--startup_timeout 600)" in failure.how
+        assert launch._check_worker(launch._Worker(0, sleeper, worker.heartbeat_path, {}), plan) is None
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -401,14 +430,19 @@ def test_user_error_in_a_rank_is_not_restarted(tmp_path):
     assert job.leftovers() == []
 
 
-def test_sigterm_to_launcher_leaves_nothing_behind(tmp_path):
-    job = Job(tmp_path, "sigterm", ["-n", "2"], SHORT_ARGS)
-    job.wait_for_beat(0)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_or_ctrl_c_to_launcher_leaves_nothing_behind(tmp_path, sig):
+    job = Job(tmp_path, "stopped", ["-n", "2"], SHORT_ARGS)
+    job.wait_for_beat(0, at_least_step=6)
     job.wait_for_beat(1)
     assert len(_tagged_pids(job.tag)) >= 4  # launcher, scheduler (watchdog + scheduler), workers
-    job.proc.send_signal(signal.SIGTERM)
-    assert job.wait(limit_s=STOP_BOUND_S + 5) == 128 + signal.SIGTERM
-    assert "stopped by SIGTERM" in job.stderr()
+    # Rank 0's progress reaches the launcher's console; the other ranks' output goes to their files.
+    with open(os.path.join(str(tmp_path), "stopped.launcher.out"), encoding="utf-8") as f:
+        console = f.read()
+    assert "epoch 1/" in console and "step 5/" in console and "rank 1" not in console
+    job.proc.send_signal(sig)
+    assert job.wait(limit_s=STOP_BOUND_S + 5) == 128 + sig
+    assert f"stopped by {signal.Signals(sig).name}" in job.stderr()
     assert job.leftovers() == []
 
 
