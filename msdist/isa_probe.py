@@ -103,8 +103,10 @@ def best_isa() -> str:
             timings = probe(isas)
             best = min(timings, key=timings.get)
             if timings[best] == float("inf"):
-                _logger.warning("oneDNN ISA probe failed for every candidate; keeping oneDNN's default")
-                return ""
+                # Cached like any verdict, so later starts do not pay for the failing probe again.
+                _logger.warning("oneDNN ISA probe failed for every candidate; keeping oneDNN's default "
+                                "(cached in %s; delete it to probe again)", path)
+                best = ""
             cache[key] = {"isa": best, "seconds": {k or "default": v for k, v in timings.items()},
                           "probe_seconds": round(time.perf_counter() - start, 1)}
             tmp = f"{path}.{os.getpid()}.tmp"

@@ -72,14 +72,16 @@ class Placement:
 def place_rank(local_rank: int, local_world_size: int, bind: bool = True) -> Placement:
     """Split the host's cores evenly over the ranks on it, so ranks never oversubscribe.
 
-    A rank whose affinity is already narrower than the host was given its own cores by its launcher
-    (mpirun binds each rank to a core by default, srun --cpu-bind, msrun --bind_core); it keeps them.
-    Otherwise rank r takes the r-th slice of the usable cores, bound when `bind` is set.
+    A rank whose affinity is at most its share of the host was given its own cores by its launcher
+    (mpirun --bind-to core, its default for up to 2 ranks; srun --cpu-bind; msrun --bind_core); it
+    keeps them. A wider affinity is shared with the other local ranks (no binding, a Slurm or
+    container cpuset, mpirun's --bind-to socket for more than 2 ranks), so rank r takes the r-th slice
+    of it, bound when `bind` is set.
     """
     cores = usable_cores()
     if local_world_size <= 1:
         return Placement(len(cores))
-    if len(cores) < host_cores():
+    if len(cores) * local_world_size <= host_cores():
         return Placement(len(cores), cores, "launcher")
     per_rank = len(cores) // local_world_size
     if per_rank == 0:  # more ranks than cores: nothing to split
@@ -112,19 +114,20 @@ def _source_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def compile_cache_dir(output_dir: str, config_hash: str, world_size: int) -> str:
+def compile_cache_dir(output_dir: str, config_hash: str, world_size: int, num_classes: int) -> str:
     """Where MindSpore keeps this run's compiled graphs.
 
     The folder name hashes everything a compiled graph depends on: the config (model, image size,
-    batch, amp level...), the world size, the MindSpore version and msdist's own sources. Changing
-    any of them selects a fresh folder, so a stale graph is never loaded.
+    batch, amp level...), the world size, the class count (the classifier's shape, which comes from
+    the data unless set), the MindSpore version and msdist's own sources. Changing any of them
+    selects a fresh folder, so a stale graph is never loaded.
     """
     from importlib.metadata import PackageNotFoundError, version
     try:
         ms_version = version("mindspore")
     except PackageNotFoundError:
         ms_version = "none"
-    key = f"{config_hash}|world {world_size}|mindspore {ms_version}|{_source_fingerprint()}"
+    key = f"{config_hash}|world {world_size}|classes {num_classes}|mindspore {ms_version}|{_source_fingerprint()}"
     return os.path.join(output_dir, "compile_cache", hashlib.sha256(key.encode()).hexdigest()[:16])
 
 

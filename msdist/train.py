@@ -23,12 +23,15 @@ _PROCESS_START = time.perf_counter()  # for result.json's start-to-first-step fi
 def main(argv=None) -> int:
     cfg = config.parse(argv)
     launch = distributed.detect_launch()
-    from msdist.data.pipeline import per_rank_batch
-    per_rank_batch(cfg.batch_size, launch.world_size)  # fail before the slow cluster start-up
-    # max_steps does not shape the graph: a resume that trains further must find the cache warm.
-    graph_options = [o for o in config.TRAIN_OPTIONS if o.name != "max_steps"]
-    cache = runtime.compile_cache_dir(cfg.output_dir, config.config_hash(cfg, graph_options), launch.world_size) \
-        if cfg.compile_cache else ""
+    from msdist.data import pipeline
+    pipeline.per_rank_batch(cfg.batch_size, launch.world_size)  # fail before the slow cluster start-up
+    cache = ""
+    if cfg.compile_cache:
+        pipeline.check_data_dir(cfg.data_dir)
+        # max_steps does not shape the graph: a resume that trains further must find the cache warm.
+        graph_options = [o for o in config.TRAIN_OPTIONS if o.name != "max_steps"]
+        cache = runtime.compile_cache_dir(cfg.output_dir, config.config_hash(cfg, graph_options), launch.world_size,
+                                          cfg.num_classes or len(pipeline.class_map(cfg.data_dir)))
     rt = runtime.prepare(cfg.verbose, cfg.cpu_isa, launch.local_world_size, local_rank=launch.local_rank,
                          rank=launch.rank, bind_cores=cfg.bind_cores, compile_cache=cache)
     return runtime.exit_without_teardown(train(cfg, launch, rt))
@@ -118,9 +121,10 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
                         "lower --batch_size")
     workers = cfg.num_workers or rt.threads_per_rank
     _logger.info("world size %d (%s, %s) | global batch %d = %d per rank | %d classes | %d train / %d test images"
-                 " | %d steps/epoch | %s | amp %s",
+                 " | %d steps/epoch (%d left over) | %s | amp %s",
                  dist.world_size, dist.device_target, dist.backend or "standalone", cfg.batch_size, batch,
-                 num_classes, len(train_split), len(test_split), steps_per_epoch, rt.summary(),
+                 num_classes, len(train_split), len(test_split), steps_per_epoch,
+                 len(train_split) - steps_per_epoch * cfg.batch_size, rt.summary(),
                  cfg.amp_level if cfg.amp_level == "O0" else f"{cfg.amp_level} {cfg.amp_dtype}")
     if dist.is_main:
         config.save(cfg, os.path.join(cfg.output_dir, "config.yaml"))

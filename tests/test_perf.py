@@ -9,6 +9,7 @@ import json
 import os
 import re
 
+import numpy as np
 import pytest
 
 from conftest import run_msdist, tiny_args
@@ -66,6 +67,15 @@ def test_probe_runs_once_and_writes_the_cache(tmp_path, monkeypatch):
         assert list(json.load(f).values())[0]["isa"] == first
 
 
+def test_a_failed_probe_is_cached_too(tmp_path, monkeypatch):
+    if len(isa_probe.candidates(isa_probe.cpu_flags())) < 2:
+        pytest.skip("this CPU offers oneDNN a single ISA; nothing is probed")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(isa_probe, "probe", lambda isas: calls.append(isas) or {i: float("inf") for i in isas})
+    assert isa_probe.best_isa() == isa_probe.best_isa() == "" and len(calls) == 1   # oneDNN's default, probed once
+
+
 # ---------------------------------------------------------------- threads and cores
 
 def test_ranks_on_one_host_split_its_cores(monkeypatch):
@@ -82,6 +92,14 @@ def test_a_rank_bound_by_its_launcher_keeps_its_cores(monkeypatch):
     monkeypatch.setattr(runtime, "host_cores", lambda: 4)
     monkeypatch.setattr(runtime, "usable_cores", lambda: (2,))  # what mpirun's default --bind-to core leaves
     assert runtime.place_rank(1, 2) == runtime.Placement(1, (2,), "launcher")
+
+
+def test_a_cpuset_shared_by_the_ranks_is_split_not_oversubscribed(monkeypatch):
+    # Slurm / container cpuset: 8 of the host's 16 cores for 4 ranks (the same mask in every rank).
+    monkeypatch.setattr(runtime, "host_cores", lambda: 16)
+    monkeypatch.setattr(runtime, "usable_cores", lambda: tuple(range(8, 16)))
+    assert [runtime.place_rank(r, 4) for r in range(4)] == [
+        runtime.Placement(2, (8 + 2 * r, 9 + 2 * r), "msdist") for r in range(4)]
 
 
 @pytest.fixture(scope="module")
@@ -114,13 +132,17 @@ def test_isa_choice_reaches_onednn_in_every_rank(mpirun_two_ranks):
 
 def test_compile_cache_key_changes_with_model_config_and_world_size(tmp_path):
     base = config.parse(["--model", "resnet18"])
-    key = runtime.compile_cache_dir(str(tmp_path), config.config_hash(base), 1)
-    assert key == runtime.compile_cache_dir(str(tmp_path), config.config_hash(config.parse(["--model", "resnet18"])), 1)
+    key = runtime.compile_cache_dir(str(tmp_path), config.config_hash(base), 1, 4)
+    assert key == runtime.compile_cache_dir(str(tmp_path), config.config_hash(config.parse(["--model", "resnet18"])),
+                                            1, 4)
     assert key.startswith(os.path.join(str(tmp_path), "compile_cache"))
-    others = {runtime.compile_cache_dir(str(tmp_path), config.config_hash(config.parse(argv)), world)
-              for argv, world in ((["--model", "resnet50"], 1), (["--model", "resnet18", "--image_size", "64"], 1),
-                                  (["--model", "resnet18", "--amp_level", "O2"], 1), (["--model", "resnet18"], 2))}
-    assert key not in others and len(others) == 4
+    others = {runtime.compile_cache_dir(str(tmp_path), config.config_hash(config.parse(argv)), world, classes)
+              for argv, world, classes in ((["--model", "resnet50"], 1, 4),
+                                           (["--model", "resnet18", "--image_size", "64"], 1, 4),
+                                           (["--model", "resnet18", "--amp_level", "O2"], 1, 4),
+                                           (["--model", "resnet18"], 2, 4),
+                                           (["--model", "resnet18"], 1, 131))}   # same config, other data set
+    assert key not in others and len(others) == 5
 
 
 def test_restart_reuses_the_compiled_train_step(tmp_path, data_dir):
@@ -135,3 +157,24 @@ def test_restart_reuses_the_compiled_train_step(tmp_path, data_dir):
     assert "compile cache reused" in _start_line(tmp_path, 0)
     assert "eval result" in proc.stdout
     assert {path: os.stat(path).st_mtime_ns for path in glob.glob(pattern, recursive=True)} == cached
+
+
+# ---------------------------------------------------------------- mixed precision
+
+def test_amp_levels_run_the_network_in_low_precision():
+    import mindspore as ms
+    from msdist import engine
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    images = ms.Tensor(np.random.default_rng(0).normal(size=(2, 3, 32, 32)).astype(np.float32))
+    logits = {}
+    for level in ("O0", "O2", "O3"):
+        ms.set_seed(0)  # the same initial weights for every level
+        net = engine.mixed_precision(engine.build_network("resnet_tiny", 4, False, False, 1), level, "float16")
+        net.set_train(False)
+        out = net(images)
+        assert out.dtype == ms.float32  # the loss always sees float32 logits
+        logits[level] = out.asnumpy().astype(np.float64)
+    for level in ("O2", "O3"):
+        gap = np.abs(logits[level] - logits["O0"]).max()
+        assert 0 < gap < 1e-2, (level, gap)  # float16 rounding, not float32 and not garbage
