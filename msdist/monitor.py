@@ -81,6 +81,8 @@ class StepTimer:
         now = time.perf_counter()
         waited = now - self._mark
         self.data_s += waited
+        if self.first_step_s is not None:
+            self.steady_s += waited  # throughput is wall-clock: a step that waits for its batch is slower
         self._mark = now
         return waited
 
@@ -100,7 +102,7 @@ class StepTimer:
         self._mark = time.perf_counter()
 
     def images_per_sec(self) -> float:
-        """Whole-job throughput in steady state (compile excluded)."""
+        """Whole-job throughput in steady state: data wait included, first step (graph compile) excluded."""
         if self.steady_steps:
             return self.steady_steps * self.images_per_step / self.steady_s
         return self.images_per_step / self.first_step_s if self.first_step_s else 0.0

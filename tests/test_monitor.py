@@ -233,3 +233,18 @@ def test_only_rank_0_writes_but_every_rank_checks_tensorboardx(tmp_path, monkeyp
     monkeypatch.setitem(sys.modules, "tensorboardX", None)  # as if it were not installed
     with pytest.raises(ConfigError, match="msdist\\[tensorboard\\]"):
         monitor.open_metrics(False, str(tmp_path), tensorboard=True, world_size=2)
+
+
+def test_step_timer_counts_data_wait_but_not_the_compile_step(monkeypatch):
+    clock = iter([0.0,            # epoch start
+                  1.0, 11.0,      # first batch after 1 s, first step (compile) 10 s
+                  12.0, 14.0,     # 1 s waiting for data, 2 s compute
+                  15.0, 17.0])
+    monkeypatch.setattr(monitor.time, "perf_counter", lambda: next(clock))
+    timer = monitor.StepTimer(images_per_step=6)
+    timer.restart_clock()
+    for _ in range(3):
+        timer.data_ready()
+        timer.step_done()
+    assert timer.first_step_s == 10.0 and timer.data_s == 3.0
+    assert timer.images_per_sec() == pytest.approx(2 * 6 / 6.0)   # 2 steady steps in 6 s of wall time
