@@ -20,5 +20,6 @@ setup(
         "test": ["pytest", "hypothesis", "tensorboard"],  # tensorboard: its event reader checks our files
         "tensorboard": ["tensorboardX"],
         "report": ["matplotlib"],
+        "bench": ["torch==2.13.0"],  # benchmarks/throughput.py's PyTorch reference row
     },
 )

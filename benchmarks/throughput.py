@@ -6,13 +6,14 @@ one after another in child processes of this one:
   (a) a plain MindSpore loop as the tutorial writes it: ImageFolderDataset, `Model.train`, no
       environment tuning (oneDNN picks its own ISA);
   (b) msdist, 1 rank;
-  (c) msdist, 2 ranks on this host (mpirun);
+  (c) msdist, 2 ranks on this host (mpirun), also with `--sync_bn true` (the cost of cross-rank BN);
   and, if `torch` is installed, PyTorch CPU eager ResNet-50 in channels_last on the same shapes.
 
 Each row gives img/s, the per-step breakdown (data wait, compute, all-reduce), cold and warm
 time-to-first-step, peak RSS per rank and achieved GFLOP/s as a fraction of the CPU's fp32 peak.
 The all-reduce share of (c) comes from a separately timed AllReduce of the model's gradient size,
-since MindSpore runs it inside the compiled step. It also times the input pipeline alone.
+since MindSpore runs it inside the compiled step; it is timed with MindSpore's fused buffer (what
+training uses) and with one AllReduce per parameter (fusion off). It also times the input pipeline alone.
 
 The last line is the JSON of everything; `--json PATH` also writes it to a file.
 """
@@ -194,12 +195,15 @@ def _step_lines(output_dir: str, rank: int) -> list:
     return steps[1:]
 
 
-def run_msdist(model: str, ranks: int, steps: int, root: str) -> dict:
-    """A cold run, then a restart (--resume auto) that trains `steps` more with the compile cache warm."""
-    output_dir = os.path.join(root, f"{model}_{ranks}rank")
+def run_msdist(model: str, ranks: int, steps: int, root: str, extra: tuple = (), tag: str = "") -> dict:
+    """A cold run, then a restart (--resume auto) that trains `steps` more with the compile cache warm.
+
+    `extra` options go to msdist.train; `tag` keeps the run's output_dir apart.
+    """
+    output_dir = os.path.join(root, f"{model}_{ranks}rank{tag}")
     base = [sys.executable, "-m", "msdist.train", "--model", model, "--image_size", IMAGE_SIZE,
             "--batch_size", GLOBAL_BATCH, "--data_dir", DATA_DIR, "--output_dir", output_dir, "--log_every", 1,
-            "--lr", 0.01, "--epochs", 1]
+            "--lr", 0.01, "--epochs", 1, *extra]
     launcher = ["mpirun", "-n", str(ranks), "--oversubscribe"] if ranks > 1 else []
     cmd = launcher + [str(a) for a in base]
     _, wall, rss = run_child(cmd + ["--max_steps", str(steps)], _env(), "msdist.train", 1800)
@@ -293,9 +297,13 @@ def worker_plain(model: str, steps: str) -> dict:
             "peak_rss_mb": [round(_own_peak_rss_mb())]}
 
 
-def worker_allreduce(model: str, reps: str) -> dict:
+def worker_allreduce(model: str, reps: str, fusion: str = "fused") -> dict:
     """Seconds of the data-parallel gradient all-reduce alone: the model's gradient shapes through the
-    same `DistributedGradReducer` (and fusion) that training uses, 2 ranks."""
+    same `DistributedGradReducer` that training uses, 2 ranks.
+
+    fusion: "fused" = MindSpore's default, every gradient in one fused buffer (what training uses);
+    "unfused" = one AllReduce per parameter (a distinct fusion id each).
+    """
     from msdist import distributed, runtime
     launch = distributed.detect_launch()
     runtime.prepare(False, "auto", launch.local_world_size, local_rank=launch.local_rank, rank=launch.rank)
@@ -307,6 +315,9 @@ def worker_allreduce(model: str, reps: str) -> dict:
 
     dist = distributed.init(launch, "CPU", tempfile.mkdtemp(prefix="msdist-bench-"))
     params = create_model(model, NUM_CLASSES).trainable_params()
+    if fusion == "unfused":
+        for i, param in enumerate(params):
+            param.comm_fusion = i + 1
     reducer = engine.default_reducer(params, dist.world_size)
     grads = tuple(ms.Tensor(np.ones(p.shape, np.float32)) for p in params)
     reducer(grads)[0].asnumpy()
@@ -470,12 +481,16 @@ def main() -> int:
                                       machine["peak_gflops_fp32"])
         runs[f"{model} b"] = _row(f"{model} (b) msdist 1 rank", run_msdist(model, 1, args.steps, root), gflop,
                                   machine["peak_gflops_fp32"])
-        reduce = _worker("allreduce", model, 5, ranks=2)
+        reduce = _worker("allreduce", model, 5, "fused", ranks=2)
         c = run_msdist(model, 2, args.steps, root)
         c["allreduce_s"] = reduce["allreduce_s"]
+        c["allreduce_unfused_s"] = _worker("allreduce", model, 5, "unfused", ranks=2)["allreduce_s"]
         c["compute_s"] = max(0.0, c["compute_s"] - reduce["allreduce_s"])
         c["allreduce_mb"] = reduce["megabytes"]
         runs[f"{model} c"] = _row(f"{model} (c) msdist 2 ranks", c, gflop, machine["peak_gflops_fp32"])
+        runs[f"{model} c sync_bn"] = _row(f"{model} (c) + sync_bn", run_msdist(model, 2, args.steps, root,
+                                                                             ("--sync_bn", "true"), "_sync_bn"),
+                                          gflop, machine["peak_gflops_fp32"])
         if has_torch and model == "resnet50":
             runs[f"{model} torch"] = _row(f"{model} torch eager NHWC", _worker("torch", model, max(3, args.steps // 2)),
                                           gflop, machine["peak_gflops_fp32"])
@@ -491,6 +506,11 @@ def main() -> int:
           f"{pipeline[2]['img_s']:.0f} img/s per rank (2 ranks, {pipeline[2]['workers']} worker)\n")
     print_table(list(runs.values()))
     print()
+    for model in args.models.split(","):
+        c, synced = runs[f"{model} c"], runs[f"{model} c sync_bn"]
+        print(f"{model:<10}all-reduce of {c['allreduce_mb']:.1f} MB: fused {c['allreduce_s']:.3f} s, one per "
+              f"parameter {c['allreduce_unfused_s']:.3f} s | sync_bn: {synced['img_s']:.2f} vs "
+              f"{c['img_s']:.2f} img/s ({synced['img_s'] / c['img_s']:.2f}x)")
     for model, found in report["ratios"].items():
         for name, value in found.items():
             op, target = TARGETS[name]

@@ -115,6 +115,7 @@ def parse_args(argv: Optional[List[str]] = None) -> Plan:
     # Fail here, once, rather than in N ranks; a mistyped launcher option gets its did-you-mean too.
     launcher_options = [o[2:] for o in parser._option_string_actions if o.startswith("--")]  # pylint: disable=protected-access
     cfg = config.parse(train_args, suggest_also=launcher_options)
+    pipeline.per_rank_batch(cfg.batch_size, ns.nproc_per_node * ns.nnodes)
     return Plan(ns.nproc_per_node, ns.nnodes, ns.node_rank, ns.master_addr or "127.0.0.1", ns.master_port,
                 ns.max_restarts, ns.heartbeat_timeout, ns.startup_timeout, list(train_args),
                 os.path.abspath(cfg.output_dir), cfg.data_dir)

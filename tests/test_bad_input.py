@@ -5,6 +5,8 @@ bad files. The data check and config parsing run in-process (fast, and fuzzed wi
 every command-line promise (one `msdist: error:` line, exit 2, no traceback) is checked on real
 `python -m msdist.data` / `python -m msdist.train` processes.
 """
+import contextlib
+import faulthandler
 import glob
 import io
 import json
@@ -98,6 +100,16 @@ def _one_error_line(proc, *words):
 
 def _rel(path):
     return path.replace(os.sep, "/")
+
+
+@contextlib.contextmanager
+def _no_hang(seconds=60):
+    """A hang inside the block, in Python or C++, ends the test run with every thread's stack."""
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(scope="module")
@@ -264,14 +276,16 @@ def _image_like_bytes(draw):
 @settings(max_examples=80, deadline=10000, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(data=_image_like_bytes())
 def test_random_bytes_as_image_give_a_clear_verdict(fuzz_tree, mindspore_decode, data):
-    report, reason = _verdict(fuzz_tree, data)
+    with _no_hang():
+        report, reason = _verdict(fuzz_tree, data)
     event("refused" if reason else "accepted")
     if reason:
         with pytest.raises(DataError, match="fuzz.jpg"):
             check.training_exclusions(report, fuzz_tree, skip_bad=False)
     else:
         # Accepted means the trainer's own decoder reads it: no C++ error can reach training.
-        assert mindspore_decode(np.frombuffer(data, np.uint8)).shape[2] == 3
+        with _no_hang():
+            assert mindspore_decode(np.frombuffer(data, np.uint8)).shape[2] == 3
 
 
 # ---------------------------------------------------------------- config errors, in-process
@@ -329,7 +343,8 @@ def test_random_yaml_config_parses_or_raises_config_error(text):
         with open(path, "w", encoding="utf-8", errors="surrogatepass") as f:
             f.write(text)
         try:
-            config.parse(["--config", path])
+            with _no_hang():
+                config.parse(["--config", path])
         except ConfigError as e:
             assert str(e).strip()
 
@@ -339,7 +354,8 @@ def test_random_yaml_config_parses_or_raises_config_error(text):
                      max_size=6).filter(lambda a: not {"-h", "--help"} & set(a)))
 def test_random_command_line_parses_or_raises_config_error(argv):
     try:
-        config.parse(argv)
+        with _no_hang():
+            config.parse(argv)
     except ConfigError as e:
         assert str(e).strip()
 

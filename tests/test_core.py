@@ -108,6 +108,34 @@ def test_eval_shards_cover_test_exactly_once():
         assert sorted(np.concatenate(shards).tolist()) == list(range(TEST_SIZE))
 
 
+def test_random_crop_is_at_training_resolution_from_the_padded_image():
+    image = np.arange(8 * 8 * 3, dtype=np.uint8).reshape(8, 8, 3) + 1   # no zeros: padding shows as 0
+    centred = pipeline.pad_crop_flip(image, np.array([2, 2, 0]), padding=2)
+    np.testing.assert_array_equal(centred, image)                        # offset = padding: the image itself
+    corner = pipeline.pad_crop_flip(image, np.array([0, 4, 1]), padding=2)
+    assert corner.shape == image.shape                                   # never a small patch blown up
+    assert (corner[:2] == 0).all() and (corner[2:, :2] == 0).all()       # 2 rows above, 2 columns right, mirrored
+    np.testing.assert_array_equal(corner[2:, 2:], image[:6, 2:][:, ::-1])
+    for index in range(50):
+        dy, dx, flip = pipeline.augment_params(seed=1, epoch=0, index=index, padding=2)
+        assert 0 <= dy <= 4 and 0 <= dx <= 4 and flip in (0, 1)
+    assert (pipeline.augment_params(1, 0, 7, 2) == pipeline.augment_params(1, 0, 7, 2)).all()
+
+
+def test_no_augment_no_shuffle_trains_on_the_test_transform_in_file_order(data_dir):
+    """`--augment false --shuffle false`: training batches are the plain resized images, in file order."""
+    split = pipeline.list_split(data_dir, "Training", pipeline.class_map(data_dir))
+    train = pipeline.build_train_dataset(split, batch_size=8, image_size=32, epoch=3, seed=1, shuffle=False,
+                                         augment=False, padding=2, world_size=1, rank=0, global_batch=8, workers=1)
+    plain = pipeline.build_eval_dataset(split, batch_size=8, image_size=32, world_size=1, rank=0, workers=1)
+    (images, labels), (expected, expected_labels) = [next(d.create_tuple_iterator(num_epochs=1, output_numpy=True))
+                                                     for d in (train, plain)]
+    assert images.shape == (8, 3, 32, 32)
+    np.testing.assert_array_equal(labels, expected_labels)
+    np.testing.assert_array_equal(labels, np.array(split.labels[:8]))
+    np.testing.assert_allclose(images, expected, rtol=0, atol=1e-6)
+
+
 def test_indivisible_batch_is_a_clear_error():
     with pytest.raises(DataError, match="batch_size 15 .* multiple of 2"):
         pipeline.per_rank_batch(15, 2)
@@ -154,6 +182,11 @@ def test_standalone_run_learns_and_reports(standalone_run):
     assert (out / "logs" / "rank_0.log").exists()
     assert [os.path.basename(p) for p in checkpoints(out, 0)] == ["resnet_tiny_rank0-1_60.ckpt"]
     assert "[INFO]" not in proc.stderr and "[WARNING]" not in proc.stderr  # MindSpore's C++ logs are off
+
+
+def test_verbose_lets_mindspores_own_log_lines_through(data_dir, tmp_path):
+    proc = run_msdist("train", tiny_args(data_dir, tmp_path, "--max_steps", 1, "--verbose", "true"))
+    assert "[INFO]" in proc.stderr or "[WARNING]" in proc.stderr
 
 
 def test_eval_cli_standalone_and_mpirun_agree(standalone_run, data_dir, tmp_path):
@@ -204,6 +237,13 @@ def test_mpirun_two_ranks_one_result(mpirun_run):
     assert "global batch 16 = 8 per rank" in proc.stdout
     assert (out / "logs" / "rank_0.log").exists() and (out / "logs" / "rank_1.log").exists()
     assert "rank1" not in proc.stdout  # only rank 0 speaks on the console
+
+
+def test_scale_lr_multiplies_the_lr_by_the_world_size(data_dir, tmp_path):
+    proc = run_msdist("train", tiny_args(data_dir, tmp_path, "--max_steps", 1, "--log_every", 1, "--lr", 0.03,
+                                         "--lr_schedule", "constant", "--warmup_epochs", 0, "--scale_lr", "true"),
+                      ranks=2)
+    assert "| lr 0.060000 |" in proc.stdout, proc.stdout
 
 
 def test_mpirun_checkpoints_are_per_rank_and_identical(mpirun_run):
@@ -274,11 +314,15 @@ def _env_of(pid: int) -> dict:
 
 
 def test_resume_continues_at_the_right_epoch_and_lr(data_dir, tmp_path):
-    """Stop mid-epoch 2, resume with `auto`: same final weights as one uninterrupted run."""
+    """Stop mid-epoch 2, resume from that checkpoint's PATH: same final weights as one uninterrupted run.
+
+    (`--resume auto` is what msdist.launch's restarts and the mpirun retry script use: test_launch.py.)
+    """
     common = ("--epochs", 2, "--deterministic", "true", "--log_every", 1)
     run_msdist("train", tiny_args(data_dir, tmp_path / "full", *common))
     run_msdist("train", tiny_args(data_dir, tmp_path / "cut", *common, "--max_steps", 130))
-    resumed = run_msdist("train", tiny_args(data_dir, tmp_path / "cut", *common, "--resume", "auto"))
+    [stopped] = [p for p in checkpoints(tmp_path / "cut", 0) if p.endswith("-2_8.ckpt")]
+    resumed = run_msdist("train", tiny_args(data_dir, tmp_path / "cut", *common, "--resume", stopped))
     assert "resumed from" in resumed.stdout and "epoch 1, step 8 of 122, global step 130" in resumed.stdout
     lrs = optim.lr_schedule("cosine", 0.05, 2, 122, warmup_epochs=0.5)
     first = next(line for line in resumed.stdout.splitlines() if line.startswith("epoch 2/2 step 9/122"))

@@ -141,6 +141,27 @@ def test_accumulating_two_micro_batches_equals_one_batch(runs):
     assert _result(runs, "exact_accum_2")["global_steps"] == 12
 
 
+def test_accumulation_reduces_only_in_the_once_per_step_apply():
+    """The micro-step cannot reach the reducer: only `apply_step`, run once per `train_on`, holds it.
+
+    (Reducing every micro-batch would give the same weights, so the run above cannot tell; and
+    running `apply_step` per micro-batch would step the optimizer k times, which it does catch.)
+    """
+    from mindspore import nn
+    from msdist import comm, engine, optim
+
+    class Identity(nn.Cell):
+        def construct(self, grads):
+            return grads
+
+    net = engine.build_network("convnet_tiny", 4, False, False, 1)
+    optimizer = optim.create_optimizer(net.trainable_params(), np.full(4, 0.01, np.float32), 0.9, 0.0, 1024.0)
+    reducer = Identity()
+    step = comm.AccumulatingTrainStep(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                                      optimizer, 1024.0, reducer, 4)
+    assert [name for name, cell in step.cells_and_names() if cell is reducer] == ["apply_step.reducer"]
+
+
 def test_accumulation_that_does_not_split_the_batch_is_a_one_line_error(data_dir, tmp_path):
     proc = run_msdist("train", tiny_args(data_dir, tmp_path, "--max_steps", 1, "--grad_accum_steps", 3),
                       check=False)

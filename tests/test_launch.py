@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from msdist import checkpoint, heartbeat, launch
-from msdist.errors import ConfigError
+from msdist.errors import ConfigError, DataError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_DIR = os.path.join(REPO, "..", "shared", "data", "fruits360-4")
@@ -223,6 +223,8 @@ def test_bad_train_option_fails_before_starting_anything(tmp_path):
         launch.parse_args(["-n", "2", "--max_restart", "3", "--data_dir", str(tmp_path)])
     with pytest.raises(ConfigError, match=r"did you mean --heartbeat_timeout\?"):
         launch.parse_args(["-n", "2", "--heartbeat_timout", "3", "--data_dir", str(tmp_path)])
+    with pytest.raises(DataError, match="batch_size 15 is the global batch and must divide evenly over 4 ranks"):
+        launch.parse_args(["-n", "2", "--nnodes", "2", "--master_addr", "h", "--master_port", "1", "--batch_size", "15"])
     # A missing data_dir is named once, before any rank starts.
     proc = subprocess.run([sys.executable, "-m", "msdist.launch", "-n", "2", "--data_dir", str(tmp_path / "nowhere"),
                            "--output_dir", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
@@ -302,11 +304,11 @@ def test_stall_limit_is_startup_timeout_until_the_first_step(tmp_path):
 
 # ---------------------------------------------------------------- checkpoint integrity (in process)
 
-def _save_tiny(directory, epoch, value):
+def _save_tiny(directory, epoch, value, rank=0):
     import mindspore as ms
     params = [{"name": "w", "data": ms.Tensor(np.full((2, 3), value, np.float32))}]
-    return checkpoint.save(params, directory, "m", 0, {"epoch": epoch, "step": 5, "global_step": epoch * 5,
-                                                       "config_hash": "h"})
+    return checkpoint.save(params, directory, "m", rank, {"epoch": epoch, "step": 5, "global_step": epoch * 5,
+                                                          "config_hash": "h"})
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path):
@@ -331,6 +333,20 @@ def test_kill_during_save_leaves_previous_checkpoint_loadable(tmp_path):
     loaded = checkpoint.load(found.path, {"w": ((2, 3), "Float32")})
     assert np.all(loaded["params"]["w"].asnumpy() == 1.0)
     assert loaded["state"]["global_step"] == 5
+    # The state lives inside the .ckpt itself: without its sidecar the file still says where it was.
+    os.remove(f"{found.path}.json")
+    assert checkpoint.load(found.path, {"w": ((2, 3), "Float32")})["state"] == {
+        "epoch": 1, "step": 5, "global_step": 5, "config_hash": "h"}
+
+
+def test_prune_keeps_the_newest_checkpoints_of_this_rank_only(tmp_path):
+    saved = [_save_tiny(str(tmp_path), epoch, float(epoch)) for epoch in range(1, 5)]
+    other_rank = _save_tiny(str(tmp_path), 1, 0.0, rank=1)
+    checkpoint.prune(str(tmp_path), "m", 0, keep=2)
+    assert [c.path for c in checkpoint.list_checkpoints(str(tmp_path), "m", 0)] == [saved[3].path, saved[2].path]
+    for gone in saved[:2]:
+        assert not os.path.exists(gone.path) and not os.path.exists(f"{gone.path}.json")
+    assert os.path.exists(other_rank.path)
 
 
 # ---------------------------------------------------------------- real runs
@@ -421,11 +437,13 @@ def _assert_one_job_of_two_nodes(node0, node1):
 
 
 def test_user_error_in_a_rank_is_not_restarted(tmp_path):
-    missing = str(tmp_path / "no-such-data")
-    job = Job(tmp_path, "user_error", ["-n", "2", "--max_restarts", "2"], SHORT_ARGS + ["--data_dir", missing])
+    taken = tmp_path / "user_error" / "ckpt"   # another run's checkpoints: only the ranks look there
+    taken.mkdir(parents=True)
+    (taken / "resnet_tiny_rank0-1_2.ckpt").write_bytes(b"x")
+    job = Job(tmp_path, "user_error", ["-n", "2", "--max_restarts", "2"], SHORT_ARGS)
     assert job.wait() == 1
     err = job.stderr()
-    assert "failed: exit code 2" in err and "no-such-data" in err  # the rank's one-line error, in the summary
+    assert "failed: exit code 2" in err and "holds another run's checkpoints" in err  # the rank's error line
     assert "not restarting" in err and "restart 1 of 2" not in err
     assert job.leftovers() == []
 
