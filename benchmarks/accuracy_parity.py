@@ -57,7 +57,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['ranks']} | {'yes' if r['sync_bn'] else 'no'} | {r['accuracy']:.4f} | "
-              f"{100 * (r['accuracy'] - base):+.1f} | {r['test_loss']:.4f} | {r['wall_seconds']:.0f} s |")
+              f"{100 * (r['accuracy'] - base):+.1f} | {r['test_loss']:.1e} | {r['wall_seconds']:.0f} s |")
     print(json.dumps(rows))
 
 
