@@ -59,6 +59,12 @@ def load_params(path: str, include_state: bool = False) -> dict:
     return out
 
 
+def worst_relative_gap(a: dict, b: dict) -> float:
+    """The largest difference between two parameter sets, each tensor's relative to its own max |value|."""
+    assert a.keys() == b.keys()
+    return max(np.abs(a[n] - b[n]).max() / max(np.abs(a[n]).max(), np.finfo(np.float32).tiny) for n in a)
+
+
 def checkpoints(output_dir, rank: int) -> list:
     folder = os.path.join(str(output_dir), "ckpt")
     return sorted(os.path.join(folder, f) for f in os.listdir(folder)

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from conftest import checkpoints, load_params, run_msdist, tiny_args
+from conftest import checkpoints, load_params, run_msdist, tiny_args, worst_relative_gap
 
 SETUP = ("--epochs", 1, "--max_steps", 40, "--augment", "false", "--shuffle", "true", "--deterministic", "true",
          "--lr", 0.01, "--lr_schedule", "constant", "--warmup_epochs", 0, "--batch_size", 16)
@@ -40,7 +40,9 @@ RUNS = {
     "exact_topk_full": EXACT + ("--grad_compression", "topk", "--topk_ratio", 1.0),
     "exact_accum_2": EXACT + ("--grad_accum_steps", 2),
 }
-FP16_TOLERANCE = 1e-4  # max |fp16 - fp32| per tensor over its scale after 12 steps; measured 1.7e-5
+# max |fp16 - fp32| of each tensor over that tensor's max |value|, after 12 steps: about one float16
+# rounding step (2^-10 = 9.8e-4); measured 3.8e-4.
+FP16_TOLERANCE = 1e-3
 ACCUM_TOLERANCE = 1e-6  # float32 summation order only; measured 3e-8
 
 
@@ -69,11 +71,6 @@ def _result(root, name) -> dict:
         return json.load(f)
 
 
-def _worst_relative_gap(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max(np.abs(a[n] - b[n]).max() / max(1.0, np.abs(a[n]).max()) for n in a)
-
-
 def test_topk_with_ratio_one_equals_plain_all_reduce_exactly(runs):
     """Every element is sent: scatter-adding two ranks' values and halving rounds exactly like the
     fused all-reduce's sum times 1/2, so weights, momenta and step counter match bit for bit."""
@@ -90,7 +87,7 @@ def test_topk_with_ratio_one_equals_plain_all_reduce_exactly(runs):
 
 def test_fp16_all_reduce_stays_close_to_float32(runs):
     for rank in (0, 1):
-        gap = _worst_relative_gap(_final(runs, "exact_none", rank), _final(runs, "exact_fp16", rank))
+        gap = worst_relative_gap(_final(runs, "exact_none", rank), _final(runs, "exact_fp16", rank))
         assert 0 < gap < FP16_TOLERANCE, f"rank {rank}: fp16 reduction is {gap:.2e} from float32 after 12 steps"
 
 
@@ -132,7 +129,7 @@ def test_threshold_trains_on_two_ranks_and_keeps_the_rest(runs):
 def test_accumulating_two_micro_batches_equals_one_batch(runs):
     """Per rank, 2 micro-batches of 4 then one all-reduce give the update of one batch of 8."""
     for rank in (0, 1):
-        gap = _worst_relative_gap(_final(runs, "exact_none", rank), _final(runs, "exact_accum_2", rank))
+        gap = worst_relative_gap(_final(runs, "exact_none", rank), _final(runs, "exact_accum_2", rank))
         assert gap < ACCUM_TOLERANCE, f"rank {rank}: accumulation differs from one batch by {gap:.2e}"
     one = _final(runs, "exact_none", include_state=True)
     two = _final(runs, "exact_accum_2", include_state=True)
