@@ -184,7 +184,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
     train_start = time.perf_counter()
     for epoch in range(start.epoch, cfg.epochs):
         if cfg.max_steps and global_step >= cfg.max_steps:
-            break
+            break  # resumed from a run that already reached max_steps
         skip = start.skip_steps if epoch == start.epoch else 0
         data = pipeline.build_train_dataset(train_split, batch_size=batch, image_size=cfg.image_size, epoch=epoch,
                                             seed=cfg.seed, shuffle=cfg.shuffle, augment=cfg.augment,
@@ -219,6 +219,8 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
         record = progress.end_epoch(float(collectives.sum([progress.epoch_loss()])[0]) / dist.world_size, metrics)
         if writer is not None:
             writer.write(record)
+        if cfg.max_steps and global_step >= cfg.max_steps:
+            break  # here, not at the next epoch's top, so `epoch` stays the one the last step ran in
     train_seconds = time.perf_counter() - train_start
     if global_step != last_saved:
         save(epoch + 1, step, global_step)

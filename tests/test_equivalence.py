@@ -124,7 +124,8 @@ def test_real_pipeline_shards_rebuild_the_single_card_batches(data_dir):
 
 
 def test_diverged_replicas_fail_loudly(data_dir, tmp_path):
-    """Ranks started with different seeds hold different initial weights: the start checksum catches it."""
+    """Ranks started with different seeds hold different initial weights: the start checksum catches it;
+    replicas that drift apart later are caught by the checksum at the next checkpoint."""
     import subprocess
     from conftest import base_env, mpirun
     cmd = mpirun(1) + [sys.executable, "-m", "msdist.train"] + tiny_args(data_dir, tmp_path, "--seed", 1) + \
@@ -132,3 +133,13 @@ def test_diverged_replicas_fail_loudly(data_dir, tmp_path):
     proc = subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "parameters differ across ranks at start" in proc.stderr
+    # Same seed, so the start check passes; a different lr on rank 1 makes the replicas drift apart
+    # during training, and the checksum taken before the checkpoint is written stops the job.
+    out = tmp_path / "drift"
+    cmd = mpirun(1) + [sys.executable, "-m", "msdist.train"] + tiny_args(data_dir, out, "--max_steps", 2) + \
+        [":", "-n", "1", sys.executable, "-m", "msdist.train"] + tiny_args(data_dir, out, "--max_steps", 2,
+                                                                          "--lr", 0.5)
+    proc = subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "parameters differ across ranks at epoch 1 step 2" in proc.stderr
+    assert not list((out / "ckpt").glob("*.ckpt"))  # no checkpoint of a diverged run
