@@ -24,10 +24,11 @@ def main(argv=None) -> int:
     cfg = config.parse(argv)
     launch = distributed.detect_launch()
     from msdist.data import pipeline
-    pipeline.per_rank_batch(cfg.batch_size, launch.world_size)  # fail before the slow cluster start-up
+    # Fail on these before the slow cluster start-up and before MindSpore loads.
+    pipeline.per_rank_batch(cfg.batch_size, launch.world_size)
+    pipeline.check_data_dir(cfg.data_dir)
     cache = ""
     if cfg.compile_cache:
-        pipeline.check_data_dir(cfg.data_dir)
         # max_steps does not shape the graph: a resume that trains further must find the cache warm.
         graph_options = [o for o in config.TRAIN_OPTIONS if o.name != "max_steps"]
         cache = runtime.compile_cache_dir(cfg.output_dir, config.config_hash(cfg, graph_options), launch.world_size,
@@ -87,10 +88,9 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
     from msdist.data import check as data_check
     from msdist.data import pipeline
 
-    pipeline.check_data_dir(cfg.data_dir)
     _check_output_dir(cfg.output_dir)
     replaced = _claim_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite, launch.rank == 0)
-    # MindSpore loads only here (path errors above stay fast), after runtime.prepare() set its variables.
+    # MindSpore loads only here (path errors stay fast), after runtime.prepare() set its variables.
     import mindspore as ms
     from mindspore import nn
 
