@@ -38,6 +38,11 @@ def main(argv=None) -> int:
     return runtime.exit_without_teardown(train(cfg, launch, rt))
 
 
+def _reached(max_steps: int, global_step: int) -> bool:
+    """Whether `--max_steps` (0 = no limit) stops training at this optimizer step."""
+    return bool(max_steps) and global_step >= max_steps
+
+
 def _seed_everything(seed: int) -> None:
     import mindspore as ms
     random.seed(seed)
@@ -183,7 +188,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
     global_step, last_saved, metrics = start.global_step, start.global_step, None
     train_start = time.perf_counter()
     for epoch in range(start.epoch, cfg.epochs):
-        if cfg.max_steps and global_step >= cfg.max_steps:
+        if _reached(cfg.max_steps, global_step):
             break  # resumed from a run that already reached max_steps
         skip = start.skip_steps if epoch == start.epoch else 0
         data = pipeline.build_train_dataset(train_split, batch_size=batch, image_size=cfg.image_size, epoch=epoch,
@@ -205,7 +210,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
             if writer is not None and record is not None:
                 writer.write(record)
             beat.update(epoch + 1, step, global_step)
-            if cfg.max_steps and global_step >= cfg.max_steps:
+            if _reached(cfg.max_steps, global_step):
                 break
         epoch_done = step == steps_per_epoch
         if epoch_done and ((epoch + 1) % cfg.save_every_epochs == 0 or epoch + 1 == cfg.epochs):
@@ -219,7 +224,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
         record = progress.end_epoch(float(collectives.sum([progress.epoch_loss()])[0]) / dist.world_size, metrics)
         if writer is not None:
             writer.write(record)
-        if cfg.max_steps and global_step >= cfg.max_steps:
+        if _reached(cfg.max_steps, global_step):
             break  # here, not at the next epoch's top, so `epoch` stays the one the last step ran in
     train_seconds = time.perf_counter() - train_start
     if global_step != last_saved:

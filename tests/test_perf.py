@@ -28,11 +28,17 @@ def _start_line(output_dir, rank: int) -> str:
 # ---------------------------------------------------------------- ISA choice
 
 @pytest.fixture
-def isa_cache(tmp_path, monkeypatch):
-    """A private cache dir holding a verdict for this CPU that no real probe would give."""
+def private_isa_cache(tmp_path, monkeypatch):
+    """An empty cache dir of our own, on a CPU where msdist has ISAs to probe."""
     if len(isa_probe.candidates(isa_probe.cpu_flags())) < 2:
         pytest.skip("this CPU offers oneDNN a single ISA; nothing is probed")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture
+def isa_cache(private_isa_cache, monkeypatch):
+    """A private cache dir holding a verdict for this CPU that no real probe would give."""
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     key = f"{isa_probe.cpu_model()} | mindspore {isa_probe._mindspore_version()}"
     os.makedirs(isa_probe.cache_dir())
@@ -55,22 +61,16 @@ def test_option_beats_probe_and_environment_beats_option(isa_cache, monkeypatch)
     assert runtime.choose_cpu_isa("AVX2") == ("AVX", "env")
 
 
-def test_probe_runs_once_and_writes_the_cache(tmp_path, monkeypatch):
-    if len(isa_probe.candidates(isa_probe.cpu_flags())) < 2:
-        pytest.skip("this CPU offers oneDNN a single ISA; nothing is probed")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_probe_runs_once_and_writes_the_cache(private_isa_cache, monkeypatch):
     calls = []
     monkeypatch.setattr(isa_probe, "probe", lambda isas: calls.append(isas) or {i: (0.5 if i else 1.0) for i in isas})
     first, second = isa_probe.best_isa(), isa_probe.best_isa()
     assert first == second != "" and len(calls) == 1
-    with open(os.path.join(str(tmp_path), "msdist", "cpu_isa.json"), encoding="utf-8") as f:
+    with open(os.path.join(str(private_isa_cache), "msdist", "cpu_isa.json"), encoding="utf-8") as f:
         assert list(json.load(f).values())[0]["isa"] == first
 
 
-def test_a_failed_probe_is_cached_too(tmp_path, monkeypatch):
-    if len(isa_probe.candidates(isa_probe.cpu_flags())) < 2:
-        pytest.skip("this CPU offers oneDNN a single ISA; nothing is probed")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_a_failed_probe_is_cached_too(private_isa_cache, monkeypatch):
     calls = []
     monkeypatch.setattr(isa_probe, "probe", lambda isas: calls.append(isas) or {i: float("inf") for i in isas})
     assert isa_probe.best_isa() == isa_probe.best_isa() == "" and len(calls) == 1   # oneDNN's default, probed once
