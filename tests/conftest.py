@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REAL_DATA = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "fruits360-4"))
+# Real Fruits-360 images shipped inside the repository (tests/data/fruits360-mini/README.md): the suite
+# never reads outside the checkout.
+REAL_DATA = os.path.join(REPO, "tests", "data", "fruits360-mini")
 TINY_CONFIG = os.path.join(REPO, "configs", "tiny_test.yaml")
 # OpenMPI refuses root (CI runs as root) without these; --oversubscribe allows more ranks than cores.
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}

@@ -16,7 +16,7 @@ from msdist import config, distributed, optim
 from msdist.data import pipeline
 from msdist.errors import ConfigError, DataError
 
-TEST_SIZE = 662
+TEST_SIZE = 64  # tests/data/fruits360-mini
 
 
 # ---------------------------------------------------------------- fast, in-process

@@ -25,16 +25,16 @@ from msdist import checkpoint, heartbeat, launch
 from msdist.errors import ConfigError, DataError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA_DIR = os.path.join(REPO, "..", "shared", "data", "fruits360-4")
+DATA_DIR = os.path.join(REPO, "tests", "data", "fruits360-mini")
 RETRY_SCRIPT = os.path.join(REPO, "scripts", "run_distribute_train_retry.sh")
 RUN_LIMIT_S = 240          # hard limit for any one launcher run
 STOP_BOUND_S = 15          # the bound: failure seen -> everything stopped
 
-# Three short epochs (15 steps each) so a run has two epoch-boundary checkpoints before the kill.
+# Three short epochs (12 steps each) so a run has two epoch-boundary checkpoints before the kill.
 TINY_CONFIG = os.path.join(REPO, "configs", "tiny_test.yaml")
-EXACT_ARGS = ["--config", TINY_CONFIG, "--data_dir", DATA_DIR, "--batch_size", "128", "--epochs", "3",
+EXACT_ARGS = ["--config", TINY_CONFIG, "--data_dir", DATA_DIR, "--batch_size", "16", "--epochs", "3",
               "--deterministic", "true", "--log_every", "5", "--keep_checkpoint_max", "5"]
-SHORT_ARGS = ["--config", TINY_CONFIG, "--data_dir", DATA_DIR, "--max_steps", "40", "--log_every", "5"]
+SHORT_ARGS = ["--config", TINY_CONFIG, "--data_dir", DATA_DIR, "--epochs", "4", "--max_steps", "40", "--log_every", "5"]
 
 
 # ---------------------------------------------------------------- helpers
