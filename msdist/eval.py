@@ -28,38 +28,69 @@ def cross_entropy_sum(logits: np.ndarray, labels: np.ndarray) -> float:
     return float(-log_probs[np.arange(len(labels)), labels].sum())
 
 
-def evaluate(net, dataset, batch_size: int, collectives) -> dict:
-    """Accuracy and mean loss over the whole Test set from every rank's shard.
+def class_counts(logits: np.ndarray, labels: np.ndarray, num_classes: int, k: int = 5) -> np.ndarray:
+    """This batch's integer counts as one flat vector: [top-k correct, confusion matrix row by row].
 
-    A short last batch is zero-padded up to `batch_size` so the graph compiles once; the padded
-    rows are never counted.
+    The confusion matrix is true class (row) by predicted class (column); its trace is the top-1
+    correct count. With fewer than `k` classes top-k covers them all.
+    """
+    predicted = logits.argmax(axis=1)
+    confusion = np.zeros((num_classes, num_classes), dtype=np.int64)
+    np.add.at(confusion, (labels, predicted), 1)
+    # The true class's rank: how many logits beat it (ties resolved in the true class's favour).
+    rank = (logits > logits[np.arange(len(labels)), labels][:, None]).sum(axis=1)
+    return np.concatenate([[int((rank < k).sum())], confusion.ravel()])
+
+
+def summarize_counts(counts: np.ndarray, loss_sum: float, num_classes: int) -> dict:
+    """The metrics of summed `class_counts` (all integer counts; rates derived from them)."""
+    top5 = int(counts[0])
+    confusion = counts[1:].astype(np.int64).reshape(num_classes, num_classes)
+    seen, correct = int(confusion.sum()), int(np.trace(confusion))
+    per_class_total = confusion.sum(axis=1)
+    per_class_correct = np.diag(confusion)
+    return {"accuracy": correct / seen if seen else 0.0, "num_samples": seen, "correct": correct,
+            "loss": loss_sum / seen if seen else float("nan"),
+            "top5_correct": top5, "top5_accuracy": top5 / seen if seen else 0.0,
+            "per_class_correct": per_class_correct.tolist(), "per_class_total": per_class_total.tolist(),
+            # None for a class absent from Test/ (no images to be right or wrong about)
+            "per_class_accuracy": [c / t if t else None for c, t in zip(per_class_correct.tolist(),
+                                                                        per_class_total.tolist())],
+            "confusion_matrix": confusion.tolist()}
+
+
+def evaluate(net, dataset, batch_size: int, collectives, num_classes: int) -> dict:
+    """Top-1/top-5 accuracy, per-class accuracy, confusion matrix and mean loss over the whole Test set.
+
+    Every rank counts its own shard; the integer counts are summed over ranks (exact), so the result
+    is the same on every rank and for every world size. A short last batch is zero-padded up to
+    `batch_size` so the graph compiles once; the padded rows are never counted.
     """
     import mindspore as ms
 
     net.set_train(False)
-    correct = seen = 0
+    counts = np.zeros(1 + num_classes * num_classes, dtype=np.int64)
     loss_sum = 0.0
     for images, labels in dataset.create_tuple_iterator(num_epochs=1, output_numpy=True):
         n = len(labels)
         if n < batch_size:
             images = np.concatenate([images, np.zeros((batch_size - n,) + images.shape[1:], images.dtype)])
         logits = net(ms.Tensor(images)).asnumpy()[:n]
-        correct += int((logits.argmax(axis=1) == labels).sum())
-        seen += n
+        counts += class_counts(logits, labels, num_classes)
         loss_sum += cross_entropy_sum(logits, labels)
     net.set_train(True)
-    correct, seen, loss_sum = collectives.sum([correct, seen, loss_sum])
-    return {"accuracy": correct / seen if seen else 0.0, "num_samples": int(seen), "correct": int(correct),
-            "loss": loss_sum / seen if seen else float("nan")}
+    summed = collectives.sum(np.concatenate([counts, [loss_sum]]))
+    return summarize_counts(np.rint(summed[:-1]).astype(np.int64), float(summed[-1]), num_classes)
 
 
-def evaluate_split(net, split, *, batch_size: int, image_size: int, dist, workers: int, collectives) -> dict:
+def evaluate_split(net, split, *, batch_size: int, image_size: int, dist, workers: int, collectives,
+                   num_classes: int) -> dict:
     """Build this rank's shard of `split` and evaluate `net` on it."""
     from msdist.data import pipeline
 
     data = pipeline.build_eval_dataset(split, batch_size=batch_size, image_size=image_size,
                                        world_size=dist.world_size, rank=dist.rank, workers=workers)
-    return evaluate(net, data, batch_size, collectives)
+    return evaluate(net, data, batch_size, collectives, num_classes)
 
 
 @cli_main
@@ -85,8 +116,8 @@ def main(argv=None) -> int:
     excluded = data_check.shared_exclusions(cfg.data_dir, cfg.bad_images == "skip", dist.is_main, collectives)
     classes = pipeline.class_map(cfg.data_dir)
     test_split = pipeline.list_split(cfg.data_dir, pipeline.TEST_SPLIT, classes, exclude=excluded)
-    net = engine.build_network(cfg.model, cfg.num_classes or len(classes), cfg.zero_init_last_bn, cfg.sync_bn,
-                               dist.world_size)
+    num_classes = cfg.num_classes or len(classes)
+    net = engine.build_network(cfg.model, num_classes, cfg.zero_init_last_bn, cfg.sync_bn, dist.world_size)
     params = checkpoint.load(cfg.ckpt, {p.name: (tuple(p.shape), str(p.dtype)) for p in net.get_parameters()},
                              optional_prefixes=OPTIMIZER_STATE_PREFIXES)["params"]
     import mindspore as ms
@@ -94,11 +125,12 @@ def main(argv=None) -> int:
     batch = cfg.eval_batch_size or pipeline.per_rank_batch(cfg.batch_size, dist.world_size)
     metrics = evaluate_split(net, test_split, batch_size=batch, image_size=cfg.image_size, dist=dist,
                              workers=cfg.num_workers or rt.threads_per_rank,
-                             collectives=collectives)
+                             collectives=collectives, num_classes=num_classes)
     if dist.is_main:
         print(f"eval result: {{'accuracy': {metrics['accuracy']:.4f}}}", flush=True)
         with open(os.path.join(cfg.output_dir, "eval_result.json"), "w", encoding="utf-8") as f:
-            json.dump({**metrics, "world_size": dist.world_size, "ckpt": cfg.ckpt}, f, indent=2)
+            json.dump({**metrics, "classes": sorted(classes, key=classes.get), "world_size": dist.world_size,
+                       "ckpt": cfg.ckpt}, f, indent=2)
     return runtime.exit_without_teardown(0)
 
 

@@ -4,6 +4,8 @@ Reads what a run leaves in its output directory: `metrics.jsonl` (written by ran
 trains, so a running job can be reported too), `config.yaml` and, once finished, `result.json`.
 Draws loss, accuracy, learning rate and throughput against epoch into one PNG, every run overlaid
 in its own colour, and prints config, world size, best and final accuracy, time and img/s.
+When result.json holds the per-class counts (confusion matrix), a second PNG,
+`{OUTPUT_DIR}/classes.png`, shows the confusion matrix and each class's accuracy.
 Needs matplotlib: `pip install 'msdist[report]'`.
 """
 import argparse
@@ -176,6 +178,46 @@ def plot(runs: Sequence[Run], out_path: str) -> None:
     plt.close(fig)
 
 
+CLASSES_PNG = "classes.png"
+
+
+def plot_classes(result: dict, out_path: str, title: str = "") -> None:
+    """Write the confusion matrix (counts, true class by predicted class) and per-class accuracy as one PNG.
+
+    Args:
+        result: a result.json / eval_result.json with `confusion_matrix` and, optionally, `classes`.
+    """
+    plt = _import_pyplot()
+    confusion = result["confusion_matrix"]
+    n = len(confusion)
+    names = result.get("classes") or [str(i) for i in range(n)]
+    per_class = [row[i] / sum(row) if sum(row) else 0.0 for i, row in enumerate(confusion)]
+    side = min(4 + 0.4 * n, 30)  # large class counts stay readable up to a point, then the labels shrink
+    fig, (ax_cm, ax_acc) = plt.subplots(1, 2, figsize=(2 * side, side), constrained_layout=True)
+    image = ax_cm.imshow(confusion, cmap="Blues")
+    fig.colorbar(image, ax=ax_cm, shrink=0.8)
+    if n <= 30:  # beyond that the numbers would overlap; the colours still tell
+        peak = max(max(row) for row in confusion) or 1
+        for i, row in enumerate(confusion):
+            for j, count in enumerate(row):
+                ax_cm.text(j, i, str(count), ha="center", va="center", fontsize="small",
+                           color="white" if count > peak / 2 else "black")
+    ax_cm.set_xticks(range(n), names, rotation=90)
+    ax_cm.set_yticks(range(n), names)
+    ax_cm.set_xlabel("predicted class")
+    ax_cm.set_ylabel("true class")
+    ax_cm.set_title(f"{title} confusion matrix ({sum(map(sum, confusion))} test images)".strip())
+    ax_acc.barh(range(n), per_class, color="C0")
+    ax_acc.set_yticks(range(n), names)
+    ax_acc.invert_yaxis()  # same class order top to bottom as the matrix
+    ax_acc.set_xlim(0, 1)
+    ax_acc.set_xlabel("accuracy")
+    ax_acc.set_title(f"per-class accuracy (top-1 {result['accuracy']:.4f}, top-5 {result['top5_accuracy']:.4f})")
+    ax_acc.grid(axis="x", alpha=0.3)
+    fig.savefig(out_path, dpi=100)
+    plt.close(fig)
+
+
 def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = ArgumentParser(prog="msdist.report", allow_abbrev=False,
                      description="Curves (report.png) and a text summary of one or more msdist.train runs; "
@@ -200,6 +242,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     plot(runs, out)
     print(summary(runs))
     print(f"\nwrote {out}")
+    for run in runs:
+        if run.result is not None and "confusion_matrix" in run.result:
+            classes_out = os.path.join(run.path, CLASSES_PNG)
+            plot_classes(run.result, classes_out, run.label)
+            print(f"wrote {classes_out}")
     return 0
 
 

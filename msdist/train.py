@@ -179,7 +179,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
 
     def evaluate() -> dict:
         return evaluate_split(net, test_split, batch_size=cfg.eval_batch_size or batch, image_size=cfg.image_size,
-                              dist=dist, workers=workers, collectives=collectives)
+                              dist=dist, workers=workers, collectives=collectives, num_classes=num_classes)
 
     progress = monitor.Progress(cfg.epochs, steps_per_epoch, cfg.batch_size, cfg.log_every, cfg.max_steps,
                                 bar=monitor.terminal(dist.is_main, launch.kind))
@@ -234,8 +234,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
 
     if metrics is None:  # stopped early by max_steps, or resumed from a finished run
         metrics = evaluate()
-    result = {"accuracy": metrics["accuracy"], "num_samples": metrics["num_samples"], "correct": metrics["correct"],
-              "loss": metrics["loss"], "world_size": dist.world_size, "epochs": cfg.epochs,
+    result = {**metrics, "classes": sorted(classes, key=classes.get), "world_size": dist.world_size, "epochs": cfg.epochs,
               "global_steps": global_step, "global_batch": cfg.batch_size, "per_rank_batch": batch,
               "train_seconds": round(train_seconds, 3), "images_per_sec": round(timer.images_per_sec(), 3),
               "first_step_seconds": round(timer.first_step_s or 0.0, 3), "compile_seconds": round(compile_seconds, 3),

@@ -136,6 +136,39 @@ def test_no_augment_no_shuffle_trains_on_the_test_transform_in_file_order(data_d
     np.testing.assert_allclose(images, expected, rtol=0, atol=1e-6)
 
 
+def _assert_class_metrics_consistent(metrics: dict, classes=("apple", "lemon", "mango", "raspberry")) -> None:
+    """The confusion-matrix, top-5 and per-class counts agree with each other and with top-1."""
+    confusion = np.array(metrics["confusion_matrix"])
+    assert confusion.shape == (len(classes), len(classes)) and confusion.dtype.kind == "i"
+    assert confusion.sum() == metrics["num_samples"] == TEST_SIZE
+    assert np.trace(confusion) == metrics["correct"]
+    assert metrics["num_samples"] >= metrics["top5_correct"] >= metrics["correct"]
+    assert metrics["per_class_total"] == confusion.sum(axis=1).tolist()
+    assert metrics["per_class_correct"] == np.diag(confusion).tolist()
+    assert sum(metrics["per_class_correct"]) == metrics["correct"]
+    for acc, right, total in zip(metrics["per_class_accuracy"], metrics["per_class_correct"],
+                                 metrics["per_class_total"]):
+        assert acc == right / total
+    assert metrics["classes"] == list(classes)
+
+
+def test_class_counts_top5_and_confusion():
+    from msdist.eval import class_counts, summarize_counts
+    logits = np.array([[9, 1, 2, 3, 4, 5, 6],     # true 0, predicted 0
+                       [9, 1, 2, 3, 4, 5, 6],     # true 6: second best, top-5 hit
+                       [9, 1, 2, 3, 4, 5, 6],     # true 1: last, a top-5 miss
+                       [0, 0, 5, 0, 0, 0, 0]], dtype=np.float32)  # true 2, predicted 2
+    labels = np.array([0, 6, 1, 2])
+    counts = class_counts(logits, labels, 7) + class_counts(logits[:1], labels[:1], 7)  # summed like ranks
+    metrics = summarize_counts(counts, 0.0, 7)
+    assert (metrics["correct"], metrics["top5_correct"], metrics["num_samples"]) == (3, 4, 5)
+    assert metrics["confusion_matrix"][0][0] == 2 and metrics["confusion_matrix"][6][0] == 1
+    assert metrics["confusion_matrix"][1][0] == 1 and metrics["confusion_matrix"][2][2] == 1
+    assert metrics["per_class_accuracy"][:3] == [1.0, 0.0, 1.0] and metrics["per_class_accuracy"][3] is None
+    few = summarize_counts(class_counts(logits[2:3, :3], labels[2:3], 3), 0.0, 3)  # true 1 ranks last of 3
+    assert (few["correct"], few["top5_correct"]) == (0, 1)  # fewer than 5 classes: top-5 covers all of them
+
+
 def test_indivisible_batch_is_a_clear_error():
     with pytest.raises(DataError, match="batch_size 15 .* multiple of 2"):
         pipeline.per_rank_batch(15, 2)
@@ -176,6 +209,7 @@ def test_standalone_run_learns_and_reports(standalone_run):
     assert result["accuracy"] > 0.7, result  # 4 classes: chance is 0.25
     assert result["num_samples"] == TEST_SIZE and result["world_size"] == 1
     assert result["images_per_sec"] > 0 and result["train_seconds"] > 0 and result["epochs"] == 1
+    _assert_class_metrics_consistent(result)
     assert proc.stdout.count("eval result: {'accuracy': ") == 1
     assert "global batch 16 = 16 per rank" in proc.stdout
     assert yaml.safe_load((out / "config.yaml").read_text())["model"] == "resnet_tiny"
@@ -200,6 +234,8 @@ def test_eval_cli_standalone_and_mpirun_agree(standalone_run, data_dir, tmp_path
         got = json.loads((eval_out / "eval_result.json").read_text())
         assert got["num_samples"] == TEST_SIZE and got["world_size"] == ranks
         assert got["accuracy"] == pytest.approx(expected, abs=1e-12)
+        _assert_class_metrics_consistent(got)
+        assert got["confusion_matrix"] == json.loads((out / "result.json").read_text())["confusion_matrix"]
 
 
 def _schedulers_of(output_dir) -> set:
@@ -234,6 +270,7 @@ def test_mpirun_two_ranks_one_result(mpirun_run):
     result = json.loads((out / "result.json").read_text())
     assert result["num_samples"] == TEST_SIZE and result["world_size"] == 2
     assert result["accuracy"] > 0.7 and result["per_rank_batch"] == 8
+    _assert_class_metrics_consistent(result)  # counts summed over both ranks: every Test image exactly once
     assert "global batch 16 = 8 per rank" in proc.stdout
     assert (out / "logs" / "rank_0.log").exists() and (out / "logs" / "rank_1.log").exists()
     assert "rank1" not in proc.stdout  # only rank 0 speaks on the console

@@ -108,6 +108,7 @@ def test_report_cli_for_one_run(tiny_run):
     width, height = _png_size(os.path.join(run_dir, "report.png"))
     assert width >= 800 and height >= 600
     assert os.path.getsize(os.path.join(run_dir, "report.png")) > 20_000
+    assert _png_size(os.path.join(run_dir, report.CLASSES_PNG))[0] >= 800  # confusion matrix + per-class accuracy
     with open(os.path.join(run_dir, "result.json"), encoding="utf-8") as f:
         accuracy = json.load(f)["accuracy"]
     row = next(line for line in proc.stdout.splitlines() if line.startswith("run (1p) "))
