@@ -7,6 +7,10 @@ File layout in `{output_dir}/ckpt/`:
                                                so listing and ordering never open (or parse names of)
                                                the big files
 
+Training also stores the model's metadata (model name, num_classes, image_size, class names) inside
+every checkpoint (`msdist_meta`, a JSON string) and in its sidecar (`meta`), so predict and export
+need nothing but the checkpoint.
+
 A checkpoint counts as good only when its sidecar exists and the sha256 matches. The sidecar is
 renamed into place last, so a crash at any point leaves either a complete pair or an ignorable tmp.
 """
@@ -26,6 +30,7 @@ STATE_KEYS = ("epoch", "step", "global_step", "config_hash")
 # Inside the .ckpt the state is stored under prefixed names: the optimizer's own `global_step`
 # Parameter is saved too, and a bare `global_step` entry would overwrite it.
 _STATE_PREFIX = "msdist_state."
+META_KEY = "msdist_meta"  # JSON string: model, num_classes, image_size, classes
 MAX_CHECKPOINT_BYTES = 8 << 30   # refuse absurd files before reading them
 _SUFFIXES = (".ckpt", ".safetensors")
 
@@ -66,10 +71,14 @@ def _write_durably(tmp: str, final: str) -> None:
     _fsync_dir(os.path.dirname(final) or ".")
 
 
-def save(params: List[dict], directory: str, prefix: str, rank: int, state: Dict) -> CheckpointInfo:
+def save(params: List[dict], directory: str, prefix: str, rank: int, state: Dict,
+         meta: Optional[Dict] = None) -> CheckpointInfo:
     """Write `params` ([{'name', 'data'}]) and `state` atomically; return what was written.
 
     The previous checkpoints are untouched here; `prune` removes old ones only afterwards.
+
+    Args:
+        meta: the model's metadata (model, num_classes, image_size, classes), stored in the file and sidecar.
     """
     import mindspore as ms
 
@@ -78,9 +87,12 @@ def save(params: List[dict], directory: str, prefix: str, rank: int, state: Dict
     # Hidden, and ending in .ckpt because save_checkpoint appends that suffix otherwise.
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.ckpt")
     # async_save stays off: the rename below must follow a finished write.
-    ms.save_checkpoint(params, tmp, append_dict={_STATE_PREFIX + k: state[k] for k in STATE_KEYS})
+    append = {_STATE_PREFIX + k: state[k] for k in STATE_KEYS}
+    if meta is not None:
+        append[META_KEY] = json.dumps(meta)
+    ms.save_checkpoint(params, tmp, append_dict=append)
     _write_durably(tmp, path)
-    sidecar = {"sha256": sha256_file(path), **{k: state[k] for k in STATE_KEYS}}
+    sidecar = {"sha256": sha256_file(path), **{k: state[k] for k in STATE_KEYS}, **({"meta": meta} if meta else {})}
     with open(f"{path}.json.tmp", "w", encoding="utf-8") as f:
         json.dump(sidecar, f)
     _write_durably(f"{path}.json.tmp", f"{path}.json")
@@ -161,13 +173,12 @@ def load(path: str, expected: Dict[str, tuple], optional_prefixes: tuple = ()) -
             (evaluation ignores the optimizer state a training checkpoint carries).
 
     Returns:
-        {'params': {name: Parameter}, 'state': {epoch, step, global_step, config_hash} (may be empty)}
+        {'params': {name: Parameter}, 'state': {epoch, step, global_step, config_hash} (may be empty),
+         'meta': the model metadata (may be empty)}
 
     Raises:
         CheckpointError: wrong format, too large, corrupt, or names/shapes/dtypes that do not match.
     """
-    import mindspore as ms
-
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path} not found")
     if not path.endswith(_SUFFIXES):
@@ -180,16 +191,39 @@ def load(path: str, expected: Dict[str, tuple], optional_prefixes: tuple = ()) -
         problem = verify(path)
         if problem:
             raise CheckpointError(f"checkpoint {path} failed its integrity check: {problem}")
-    try:
-        raw = ms.load_checkpoint(path, format="safetensors" if path.endswith(".safetensors") else "ckpt")
-    except Exception as e:  # noqa: BLE001 - MindSpore raises several types for unreadable files
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"cannot read checkpoint {path}: {first}") from None
+    raw = _read_raw(path)
     state = {k: _scalar(raw.pop(_STATE_PREFIX + k)) for k in STATE_KEYS if _STATE_PREFIX + k in raw}
+    meta = json.loads(raw.pop(META_KEY, "{}"))
     for name in [n for n in raw if n not in expected and n.startswith(optional_prefixes)]:
         del raw[name]
     _check_fits(path, raw, expected)
-    return {"params": raw, "state": state}
+    return {"params": raw, "state": state, "meta": meta}
+
+
+def read_meta(path: str) -> Dict:
+    """The model metadata stored in checkpoint `path` (model, num_classes, image_size, classes).
+
+    Raises:
+        CheckpointError: the file is missing, unreadable, or was not written by msdist.train.
+    """
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {path} not found")
+    raw = _read_raw(path, choice_func=lambda name: name == META_KEY)  # the string only, not the tensors
+    if META_KEY not in raw:
+        raise CheckpointError(f"checkpoint {path} holds no model metadata (model, classes, image_size); use a "
+                              "checkpoint written by this version of msdist.train")
+    return json.loads(raw[META_KEY])
+
+
+def _read_raw(path: str, choice_func=None) -> Dict:
+    """ms.load_checkpoint, with any failure to read the file as a one-line CheckpointError."""
+    import mindspore as ms
+    try:
+        return ms.load_checkpoint(path, format="safetensors" if path.endswith(".safetensors") else "ckpt",
+                                  choice_func=choice_func)
+    except Exception as e:  # noqa: BLE001 - MindSpore raises several types for unreadable files
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"cannot read checkpoint {path}: {first}") from None
 
 
 def _scalar(value):

@@ -12,13 +12,9 @@ import numpy as np
 
 from msdist import config, distributed, runtime
 from msdist.errors import ConfigError, cli_main
+from msdist.inference import NON_MODEL_PREFIXES
 
 _logger = logging.getLogger("msdist.eval")
-
-# Checkpoints written by msdist.train also hold optimizer state and gradient-compression residuals,
-# which evaluation does not need.
-OPTIMIZER_STATE_PREFIXES = ("moments.", "global_step", "residual.")
-
 
 def cross_entropy_sum(logits: np.ndarray, labels: np.ndarray) -> float:
     """Summed softmax cross-entropy on the host, in float64."""
@@ -119,7 +115,7 @@ def main(argv=None) -> int:
     num_classes = cfg.num_classes or len(classes)
     net = engine.build_network(cfg.model, num_classes, cfg.zero_init_last_bn, cfg.sync_bn, dist.world_size)
     params = checkpoint.load(cfg.ckpt, {p.name: (tuple(p.shape), str(p.dtype)) for p in net.get_parameters()},
-                             optional_prefixes=OPTIMIZER_STATE_PREFIXES)["params"]
+                             optional_prefixes=NON_MODEL_PREFIXES)["params"]
     import mindspore as ms
     ms.load_param_into_net(net, params, strict_load=True)
     batch = cfg.eval_batch_size or pipeline.per_rank_batch(cfg.batch_size, dist.world_size)

@@ -99,7 +99,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
     import mindspore as ms
     from mindspore import nn
 
-    from msdist import checkpoint, comm, engine, monitor, optim
+    from msdist import checkpoint, comm, engine, inference, monitor, optim
     from msdist.eval import evaluate_split
 
     log_dir = os.path.join(cfg.output_dir, "logs")
@@ -166,6 +166,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
     ckpt_dir = os.path.join(cfg.output_dir, "ckpt")
     prefix = cfg.ckpt_prefix or cfg.model
     cfg_hash = config.config_hash(cfg)
+    meta = inference.model_meta(cfg.model, num_classes, cfg.image_size, classes)  # predict/export need only the ckpt
     start = checkpoint.resume_state(cfg.resume, ckpt_dir, prefix, dist.rank, collectives, train_step,
                                     saved_params, cfg_hash, steps_per_epoch)
     distributed.check_replicas_identical(collectives, net, "at start")
@@ -173,7 +174,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
     def save(epoch: int, step: int, global_step: int) -> None:
         distributed.check_replicas_identical(collectives, net, f"at epoch {epoch} step {step}")
         info = checkpoint.save([{"name": p.name, "data": p} for p in saved_params], ckpt_dir, prefix, dist.rank,
-                               {"epoch": epoch, "step": step, "global_step": global_step, "config_hash": cfg_hash})
+                               {"epoch": epoch, "step": step, "global_step": global_step, "config_hash": cfg_hash}, meta)
         checkpoint.prune(ckpt_dir, prefix, dist.rank, cfg.keep_checkpoint_max)
         _logger.info("saved %s", info.path)
 

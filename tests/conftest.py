@@ -67,6 +67,14 @@ def worst_relative_gap(a: dict, b: dict) -> float:
     return max(np.abs(a[n] - b[n]).max() / max(np.abs(a[n]).max(), np.finfo(np.float32).tiny) for n in a)
 
 
+@pytest.fixture(scope="session")
+def standalone_run(tmp_path_factory, data_dir):
+    """(output_dir, process) of one short single-card run; shared by test_core and test_model_use."""
+    out = tmp_path_factory.mktemp("standalone")
+    proc = run_msdist("train", tiny_args(data_dir, out, "--epochs", 1, "--max_steps", 60))
+    return out, proc
+
+
 def checkpoints(output_dir, rank: int) -> list:
     folder = os.path.join(str(output_dir), "ckpt")
     return sorted(os.path.join(folder, f) for f in os.listdir(folder)

@@ -196,13 +196,6 @@ def test_zero_init_last_bn():
 # ---------------------------------------------------------------- real runs
 
 
-@pytest.fixture(scope="module")
-def standalone_run(tmp_path_factory, data_dir):
-    out = tmp_path_factory.mktemp("standalone")
-    proc = run_msdist("train", tiny_args(data_dir, out, "--epochs", 1, "--max_steps", 60))
-    return out, proc
-
-
 def test_standalone_run_learns_and_reports(standalone_run):
     out, proc = standalone_run
     result = json.loads((out / "result.json").read_text())

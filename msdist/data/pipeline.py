@@ -181,9 +181,14 @@ def _decode_resize(image_size: int):
     return [vision.Decode(), vision.Resize((image_size, image_size))]
 
 
-def _normalize():
+def _normalize(mean: Sequence[float] = MEAN, std: Sequence[float] = STD):
     from mindspore.dataset import vision
-    return [vision.Normalize(MEAN, STD), vision.HWC2CHW()]
+    return [vision.Normalize(mean, std), vision.HWC2CHW()]
+
+
+def eval_transforms(image_size: int, mean: Sequence[float] = MEAN, std: Sequence[float] = STD) -> list:
+    """Encoded image bytes -> normalized CHW float32 at `image_size`: what evaluation (and prediction) sees."""
+    return _decode_resize(image_size) + _normalize(mean, std)
 
 
 def build_train_dataset(split: Split, *, batch_size: int, image_size: int, epoch: int, seed: int,
@@ -214,7 +219,7 @@ def build_eval_dataset(split: Split, *, batch_size: int, image_size: int, world_
     indices = eval_indices(len(split), world_size, rank)
     data = ds.GeneratorDataset(_EvalSource(split), ["image", "label"], sampler=indices.tolist(),
                                num_parallel_workers=1, python_multiprocessing=False)
-    data = data.map(_decode_resize(image_size) + _normalize(), input_columns="image", num_parallel_workers=workers)
+    data = data.map(eval_transforms(image_size), input_columns="image", num_parallel_workers=workers)
     return data.batch(batch_size, drop_remainder=False)
 
 

@@ -1,0 +1,74 @@
+"""A trained model outside training: its metadata, start-up, and the network rebuilt from a checkpoint.
+
+`msdist.predict` and `msdist.export` need nothing but a checkpoint: training stores the model name,
+class count, input size, normalization and class names inside it (`checkpoint.META_KEY`), so the
+Training tree and the training config are not needed.
+"""
+import os
+from typing import Dict, Sequence, Tuple
+
+from msdist import checkpoint, distributed, runtime
+from msdist.data import pipeline
+
+# Names a training checkpoint carries besides the model's own tensors: optimizer state,
+# gradient-compression residuals and the EMA copy of the weights.
+NON_MODEL_PREFIXES = ("moments.", "global_step", "residual.", "ema.")
+
+
+def model_meta(model: str, num_classes: int, image_size: int, classes: Dict[str, int]) -> dict:
+    """What a checkpoint must carry to be used on its own: stored by training in every checkpoint."""
+    return {"model": model, "num_classes": num_classes, "image_size": image_size,
+            "classes": sorted(classes, key=classes.get), "mean": list(pipeline.MEAN), "std": list(pipeline.STD)}
+
+
+def start(device_target: str = "auto", verbose: bool = False, cpu_isa: str = "auto") -> None:
+    """Set up one standalone process for inference (environment first, then MindSpore's context)."""
+    rt = runtime.prepare(verbose, cpu_isa, 1, bind_cores=False)
+    distributed.init(distributed.detect_launch({}), device_target, log_dir="")
+    runtime.configure_mindspore(rt)
+
+
+def load_network(path: str) -> Tuple[object, dict]:
+    """The network of checkpoint `path` in inference mode, with its weights, and the checkpoint's metadata.
+
+    Raises:
+        CheckpointError: the checkpoint is missing, corrupt, has no metadata or does not fit its model.
+    """
+    import mindspore as ms
+
+    from msdist import engine
+
+    meta = checkpoint.read_meta(path)
+    net = engine.build_network(meta["model"], int(meta["num_classes"]), False, False, 1)
+    params = checkpoint.load(path, {p.name: (tuple(p.shape), str(p.dtype)) for p in net.get_parameters()},
+                             optional_prefixes=NON_MODEL_PREFIXES)["params"]
+    ms.load_param_into_net(net, params, strict_load=True)
+    net.set_train(False)
+    return net, meta
+
+
+def preprocess(path: str, meta: dict):
+    """One image file -> float32 CHW array, exactly as evaluation transforms it.
+
+    Raises:
+        OSError: the file cannot be read. RuntimeError/ValueError: MindSpore cannot decode it.
+    """
+    import numpy as np
+    from mindspore.dataset import transforms
+
+    data = np.fromfile(path, dtype=np.uint8)
+    chain = transforms.Compose(pipeline.eval_transforms(int(meta["image_size"]), meta["mean"], meta["std"]))
+    return np.asarray(chain(data), dtype=np.float32)
+
+
+def expand_paths(paths: Sequence[str]) -> list:
+    """Files named directly, plus every image under each directory (recursive, sorted)."""
+    found = []
+    for path in paths:
+        if not os.path.isdir(path):
+            found.append(path)  # a missing or unreadable file is reported by the caller, not dropped here
+            continue
+        for root, dirs, files in os.walk(path):
+            dirs.sort()
+            found.extend(os.path.join(root, f) for f in sorted(files) if pipeline.is_image(f))
+    return found
