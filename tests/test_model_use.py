@@ -55,3 +55,49 @@ def test_predict_text_output_and_bad_checkpoint(trained_ckpt, data_dir, tmp_path
     bad.write_bytes(b"\0" * 64)
     proc = run_msdist("predict", ["--ckpt", str(bad), image], check=False)
     assert proc.returncode == 2 and proc.stderr.startswith("msdist: error: ") and "Traceback" not in proc.stderr
+
+
+def _real_batch(data_dir, meta, n=8):
+    from msdist import inference
+    test_dir = os.path.join(data_dir, "Test")
+    files = [os.path.join(test_dir, c, f) for c in CLASSES for f in sorted(os.listdir(os.path.join(test_dir, c)))[:2]]
+    return np.stack([inference.preprocess(f, meta) for f in files[:n]])
+
+
+def _checkpoint_logits(ckpt, images):
+    import mindspore as ms
+    from msdist import inference
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    net, meta = inference.load_network(ckpt)
+    return net(ms.Tensor(images)).asnumpy(), net, meta
+
+
+def test_export_mindir_gives_the_checkpoints_logits(trained_ckpt, data_dir, tmp_path):
+    import mindspore as ms
+    from mindspore import nn
+    from msdist import checkpoint
+    ckpt, _ = trained_ckpt
+    proc = run_msdist("export", ["--ckpt", ckpt, "--format", "MINDIR", "--output", str(tmp_path / "model"),
+                                 "--batch_size", "8"])
+    path = tmp_path / "model.mindir"
+    assert f"wrote {path}" in proc.stdout
+    images = _real_batch(data_dir, checkpoint.read_meta(ckpt))
+    expected, _, meta = _checkpoint_logits(ckpt, images)
+    got = nn.GraphCell(ms.load(str(path)))(ms.Tensor(images)).asnumpy()
+    assert got.shape == (8, len(CLASSES))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+    assert json.loads((tmp_path / "model.mindir.json").read_text())["classes"] == meta["classes"] == CLASSES
+
+
+def test_export_onnx_on_cpu(trained_ckpt, data_dir, tmp_path):
+    from msdist import export
+    ckpt, _ = trained_ckpt
+    from msdist import checkpoint
+    images = _real_batch(data_dir, checkpoint.read_meta(ckpt), n=4)
+    expected, net, meta = _checkpoint_logits(ckpt, images)
+    path = export.export(net, meta, export.output_path(str(tmp_path / "model"), "ONNX"), "ONNX", batch_size=4)
+    assert path.endswith(".onnx") and os.path.getsize(path) > 10_000
+    ort = pytest.importorskip("onnxruntime")  # not a dependency: the numbers are checked where it is installed
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: images})[0]
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4)
