@@ -6,6 +6,8 @@ File layout in `{output_dir}/ckpt/`:
     {prefix}_rank{r}-{epoch}_{step}.ckpt.json  sidecar: sha256 of the .ckpt plus a copy of the state,
                                                so listing and ordering never open (or parse names of)
                                                the big files
+    {prefix}_rank{r}_best.ckpt (+ .json)       the model at its best evaluation so far; the sidecar adds
+                                               `accuracy`. Never pruned.
 
 Training also stores the model's metadata (model name, num_classes, image_size, class names) inside
 every checkpoint (`msdist_meta`, a JSON string) and in its sidecar (`meta`), so predict and export
@@ -71,6 +73,32 @@ def _write_durably(tmp: str, final: str) -> None:
     _fsync_dir(os.path.dirname(final) or ".")
 
 
+def _write_pair(params: List[dict], path: str, append: Dict, sidecar: Dict) -> None:
+    """Write the .ckpt and then its sidecar (sha256 + `sidecar`), each atomically and durably."""
+    import mindspore as ms
+
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    # Hidden, and ending in .ckpt because save_checkpoint appends that suffix otherwise.
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.ckpt")
+    # async_save stays off: the rename below must follow a finished write.
+    ms.save_checkpoint(params, tmp, append_dict=append)
+    _write_durably(tmp, path)
+    with open(f"{path}.json.tmp", "w", encoding="utf-8") as f:
+        json.dump({"sha256": sha256_file(path), **sidecar}, f)
+    _write_durably(f"{path}.json.tmp", f"{path}.json")
+
+
+def _contents(state: Dict, meta: Optional[Dict]):
+    """(append_dict, sidecar) of a checkpoint: its state, and its model metadata when given."""
+    append = {_STATE_PREFIX + k: state[k] for k in STATE_KEYS}
+    sidecar = {k: state[k] for k in STATE_KEYS}
+    if meta is not None:
+        append[META_KEY] = json.dumps(meta)
+        sidecar["meta"] = meta
+    return append, sidecar
+
+
 def save(params: List[dict], directory: str, prefix: str, rank: int, state: Dict,
          meta: Optional[Dict] = None) -> CheckpointInfo:
     """Write `params` ([{'name', 'data'}]) and `state` atomically; return what was written.
@@ -80,23 +108,41 @@ def save(params: List[dict], directory: str, prefix: str, rank: int, state: Dict
     Args:
         meta: the model's metadata (model, num_classes, image_size, classes), stored in the file and sidecar.
     """
-    import mindspore as ms
-
-    os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, file_name(prefix, rank, state["epoch"], state["step"]))
-    # Hidden, and ending in .ckpt because save_checkpoint appends that suffix otherwise.
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.ckpt")
-    # async_save stays off: the rename below must follow a finished write.
-    append = {_STATE_PREFIX + k: state[k] for k in STATE_KEYS}
-    if meta is not None:
-        append[META_KEY] = json.dumps(meta)
-    ms.save_checkpoint(params, tmp, append_dict=append)
-    _write_durably(tmp, path)
-    sidecar = {"sha256": sha256_file(path), **{k: state[k] for k in STATE_KEYS}, **({"meta": meta} if meta else {})}
-    with open(f"{path}.json.tmp", "w", encoding="utf-8") as f:
-        json.dump(sidecar, f)
-    _write_durably(f"{path}.json.tmp", f"{path}.json")
+    _write_pair(params, path, *_contents(state, meta))
     return CheckpointInfo(path, state["epoch"], state["step"], state["global_step"], state["config_hash"])
+
+
+def best_path(directory: str, prefix: str, rank: int) -> str:
+    """`{prefix}_rank{r}_best.ckpt`: outside `prune`'s `{prefix}_rank{r}-*` pattern, so never pruned."""
+    return os.path.join(directory, f"{prefix}_rank{rank}_best.ckpt")
+
+
+def read_best(directory: str, prefix: str, rank: int) -> Optional[dict]:
+    """The sidecar of this rank's best checkpoint (epoch, accuracy, ...) when it exists and verifies."""
+    path = best_path(directory, prefix, rank)
+    meta = _read_sidecar(path)
+    if meta is None or "accuracy" not in meta or verify(path) is not None:
+        return None
+    return meta
+
+
+def keep_best(params: List[dict], directory: str, prefix: str, rank: int, state: Dict, accuracy: float,
+              meta: Optional[Dict] = None) -> bool:
+    """Make `params` this rank's best checkpoint when `accuracy` beats the best so far (ties keep the earlier).
+
+    Written like every checkpoint (tmp, fsync, rename, then the sidecar with its sha256); the sidecar
+    also holds `accuracy`. Every rank sees the same summed accuracy, so all ranks decide alike.
+
+    Returns:
+        Whether a new best was written.
+    """
+    best = read_best(directory, prefix, rank)
+    if best is not None and accuracy <= best["accuracy"]:
+        return False
+    append, sidecar = _contents(state, meta)
+    _write_pair(params, best_path(directory, prefix, rank), append, {**sidecar, "accuracy": accuracy})
+    return True
 
 
 def _read_sidecar(path: str) -> Optional[dict]:

@@ -178,9 +178,15 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
         checkpoint.prune(ckpt_dir, prefix, dist.rank, cfg.keep_checkpoint_max)
         _logger.info("saved %s", info.path)
 
-    def evaluate() -> dict:
-        return evaluate_split(net, test_split, batch_size=cfg.eval_batch_size or batch, image_size=cfg.image_size,
-                              dist=dist, workers=workers, collectives=collectives, num_classes=num_classes)
+    def evaluate(epoch: int, step: int, global_step: int) -> dict:
+        metrics = evaluate_split(net, test_split, batch_size=cfg.eval_batch_size or batch, image_size=cfg.image_size,
+                                 dist=dist, workers=workers, collectives=collectives, num_classes=num_classes)
+        state = {"epoch": epoch, "step": step, "global_step": global_step, "config_hash": cfg_hash}
+        if checkpoint.keep_best([{"name": p.name, "data": p} for p in net.get_parameters()], ckpt_dir, prefix,
+                                dist.rank, state, metrics["accuracy"], meta):
+            _logger.info("best accuracy so far (%.4f at epoch %d): saved %s", metrics["accuracy"], epoch,
+                         checkpoint.best_path(ckpt_dir, prefix, dist.rank))
+        return metrics
 
     progress = monitor.Progress(cfg.epochs, steps_per_epoch, cfg.batch_size, cfg.log_every, cfg.max_steps,
                                 bar=monitor.terminal(dist.is_main, launch.kind))
@@ -221,7 +227,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
         metrics = None
         if epoch_done and (epoch + 1 == cfg.epochs
                            or cfg.eval_every_epochs and (epoch + 1) % cfg.eval_every_epochs == 0):
-            metrics = evaluate()
+            metrics = evaluate(epoch + 1, step, global_step)
         record = progress.end_epoch(float(collectives.sum([progress.epoch_loss()])[0]) / dist.world_size, metrics)
         if writer is not None:
             writer.write(record)
@@ -234,7 +240,9 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
         writer.close()
 
     if metrics is None:  # stopped early by max_steps, or resumed from a finished run
-        metrics = evaluate()
+        # The epoch and step the last optimizer step ran in (the loop may not have run at all).
+        last_epoch, last_step = divmod(global_step - 1, steps_per_epoch)
+        metrics = evaluate(last_epoch + 1, last_step + 1, global_step)
     result = {**metrics, "classes": sorted(classes, key=classes.get), "world_size": dist.world_size, "epochs": cfg.epochs,
               "global_steps": global_step, "global_batch": cfg.batch_size, "per_rank_batch": batch,
               "train_seconds": round(train_seconds, 3), "images_per_sec": round(timer.images_per_sec(), 3),

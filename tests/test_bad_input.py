@@ -488,7 +488,7 @@ def test_trainer_skip_run_then_foreign_checkpoint_and_overwrite(bad_tree, tmp_pa
     assert result["skipped_images"] == 3 and result["num_samples"] == 8
 
     # A checkpoint of resnet_tiny does not fit resnet18: refused before loading, naming what differs.
-    ckpt = sorted(glob.glob(str(out / "ckpt" / "*.ckpt")))[-1]
+    ckpt = sorted(glob.glob(str(out / "ckpt" / "*-*.ckpt")))[-1]
     assert os.path.basename(ckpt) == "resnet_tiny_rank0-1_2.ckpt"   # max_steps stopped in epoch 1, at step 2
     other = _run("train", *TINY, "--data_dir", bad_tree, "--output_dir", str(tmp_path / "other"),
                  "--bad_images", "skip", "--model", "resnet18", "--resume", ckpt)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from conftest import (REPO, TINY_CONFIG, base_env, checkpoints, load_params, mpirun, run_msdist, tiny_args)
-from msdist import config, distributed, optim
+from msdist import checkpoint, config, distributed, optim
 from msdist.data import pipeline
 from msdist.errors import ConfigError, DataError
 
@@ -284,6 +284,10 @@ def test_mpirun_checkpoints_are_per_rank_and_identical(mpirun_run):
     a, b = load_params(rank0), load_params(rank1)
     trained = [n for n in a if "moving_" not in n]  # without sync_bn, BN running stats are per rank by design
     assert trained and all(np.array_equal(a[n], b[n]) for n in trained)
+    accuracy = json.loads((out / "result.json").read_text())["accuracy"]
+    for rank in (0, 1):  # the final evaluation is the only one, so it is each rank's best
+        best = checkpoint.read_best(str(out / "ckpt"), "resnet_tiny", rank)
+        assert best is not None and (best["epoch"], best["accuracy"]) == (1, accuracy)
 
 
 def test_scheduler_gone_after_run(mpirun_run):

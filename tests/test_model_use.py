@@ -101,3 +101,42 @@ def test_export_onnx_on_cpu(trained_ckpt, data_dir, tmp_path):
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     got = session.run(None, {session.get_inputs()[0].name: images})[0]
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4)
+
+
+def _save(directory, epoch, accuracy=None):
+    """One tiny checkpoint at `epoch`; with `accuracy`, offered as the best too."""
+    import mindspore as ms
+    from msdist import checkpoint
+    params = [{"name": "w", "data": ms.Parameter(ms.Tensor(np.full((2, 3), epoch, np.float32)), name="w")}]
+    state = {"epoch": epoch, "step": 5, "global_step": epoch * 5, "config_hash": "h"}
+    checkpoint.save(params, directory, "m", 0, state)
+    checkpoint.prune(directory, "m", 0, keep=1)
+    if accuracy is not None:
+        checkpoint.keep_best(params, directory, "m", 0, state, accuracy)
+
+
+def test_best_checkpoint_survives_pruning_and_holds_the_best_epoch(tmp_path):
+    from msdist import checkpoint
+    directory = str(tmp_path)
+    for epoch, accuracy in ((1, 0.5), (2, 0.8), (3, 0.6), (4, 0.8), (5, None)):
+        _save(directory, epoch, accuracy)
+    assert sorted(os.listdir(directory)) == ["m_rank0-5_5.ckpt", "m_rank0-5_5.ckpt.json",
+                                             "m_rank0_best.ckpt", "m_rank0_best.ckpt.json"]
+    best = checkpoint.read_best(directory, "m", 0)
+    assert (best["epoch"], best["accuracy"]) == (2, 0.8)  # a tie later does not replace it
+    path = checkpoint.best_path(directory, "m", 0)
+    assert checkpoint.verify(path) is None and best["sha256"] == checkpoint.sha256_file(path)
+    loaded = checkpoint.load(path, {"w": ((2, 3), "Float32")})
+    assert (loaded["params"]["w"].asnumpy() == 2).all() and loaded["state"]["epoch"] == 2
+    assert checkpoint.latest_good(directory, "m", 0).epoch == 5  # resume never picks the best file
+    with open(path, "r+b") as f:  # a corrupt best is not trusted: the next evaluation replaces it
+        f.write(b"\0" * 16)
+    assert checkpoint.read_best(directory, "m", 0) is None
+
+
+def test_training_keeps_its_best_checkpoint(standalone_run):
+    from msdist import checkpoint
+    out, _ = standalone_run
+    best = checkpoint.read_best(str(out / "ckpt"), "resnet_tiny", 0)
+    result = json.loads((out / "result.json").read_text())
+    assert (best["epoch"], best["accuracy"]) == (1, result["accuracy"]) and best["meta"]["classes"] == CLASSES
