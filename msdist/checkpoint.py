@@ -225,6 +225,22 @@ def load(path: str, expected: Dict[str, tuple], optional_prefixes: tuple = ()) -
     Raises:
         CheckpointError: wrong format, too large, corrupt, or names/shapes/dtypes that do not match.
     """
+    raw = read_tensors(path)
+    state = {k: _scalar(raw.pop(_STATE_PREFIX + k)) for k in STATE_KEYS if _STATE_PREFIX + k in raw}
+    meta = json.loads(raw.pop(META_KEY, "{}"))
+    for name in [n for n in raw if n not in expected and n.startswith(optional_prefixes)]:
+        del raw[name]
+    _check_fits(path, raw, expected)
+    return {"params": raw, "state": state, "meta": meta}
+
+
+def read_tensors(path: str) -> Dict:
+    """Every entry of a checkpoint file (name -> Parameter or appended value), after the safety checks.
+
+    Raises:
+        CheckpointError: missing, not .ckpt/.safetensors (never pickle), over the size cap, failing its
+            sidecar's sha256, or unreadable.
+    """
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path} not found")
     if not path.endswith(_SUFFIXES):
@@ -237,13 +253,7 @@ def load(path: str, expected: Dict[str, tuple], optional_prefixes: tuple = ()) -
         problem = verify(path)
         if problem:
             raise CheckpointError(f"checkpoint {path} failed its integrity check: {problem}")
-    raw = _read_raw(path)
-    state = {k: _scalar(raw.pop(_STATE_PREFIX + k)) for k in STATE_KEYS if _STATE_PREFIX + k in raw}
-    meta = json.loads(raw.pop(META_KEY, "{}"))
-    for name in [n for n in raw if n not in expected and n.startswith(optional_prefixes)]:
-        del raw[name]
-    _check_fits(path, raw, expected)
-    return {"params": raw, "state": state, "meta": meta}
+    return _read_raw(path)
 
 
 def read_meta(path: str) -> Dict:

@@ -64,6 +64,13 @@ TRAIN_OPTIONS = [
     _opt("model", str, "resnet50", "model name from the models registry (resnet18/34/50/101, resnet_tiny)"),
     _opt("zero_init_last_bn", boolean, False, "start every residual block's last BN gamma at zero"),
     _opt("sync_bn", boolean, False, "normalize BatchNorm over the global batch (all ranks) instead of per rank"),
+    _opt("pretrained", str, "", "start from this checkpoint's weights: msdist's own, or a MindSpore model zoo / "
+         "MindCV ResNet of the same architecture (names mapped, docs/model_use.md); the classifier is skipped when "
+         "the class count differs", hashed=False),
+    _opt("freeze_backbone", boolean, False, "train the classifier only: backbone weights and BatchNorm statistics "
+         "stay as loaded"),
+    _opt("backbone_lr_scale", float, 1.0, "multiply the learning rate of everything but the classifier by this "
+         "(fine-tuning: e.g. 0.1)", min=0),
     # optimization
     _opt("epochs", int, 10, "number of training epochs", min=1),
     _opt("max_steps", int, 0, "stop after this many optimizer steps in total; 0 = no limit", min=0),

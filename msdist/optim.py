@@ -29,19 +29,35 @@ def lr_schedule(kind: str, base_lr: float, epochs: int, steps_per_epoch: int, wa
     return lrs.astype(np.float32)
 
 
-def param_groups(params, weight_decay: float) -> list:
-    """Decay conv and dense weights only; BatchNorm parameters and biases are left alone."""
-    decay = [p for p in params if p.ndim > 1]
-    rest = [p for p in params if p.ndim <= 1]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+def param_groups(params, weight_decay: float, lrs: np.ndarray = None, backbone_lr_scale: float = 1.0,
+                 head_prefix: str = "fc.") -> list:
+    """Decay conv and dense weights only; BatchNorm parameters and biases are left alone.
+
+    With `backbone_lr_scale` != 1, every parameter outside the classifier (`head_prefix`) follows the
+    schedule `lrs` times that scale; the classifier follows `lrs` itself.
+    """
+    groups = [{"params": [p for p in params if p.ndim > 1], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}]
+    if backbone_lr_scale == 1.0:
+        return groups
+    import mindspore as ms
+    split = []
+    for group in groups:
+        for in_head, scale in ((True, 1.0), (False, backbone_lr_scale)):
+            chosen = [p for p in group["params"] if p.name.startswith(head_prefix) == in_head]
+            if chosen:
+                split.append({**group, "params": chosen, "lr": ms.Tensor((lrs * scale).astype(np.float32))})
+    return split
 
 
-def create_optimizer(params, lrs: np.ndarray, momentum: float, weight_decay: float, loss_scale: float):
+def create_optimizer(params, lrs: np.ndarray, momentum: float, weight_decay: float, loss_scale: float,
+                     backbone_lr_scale: float = 1.0, head_prefix: str = "fc."):
     """SGD with momentum following the per-step schedule `lrs` (position kept in `global_step`).
 
     The optimizer divides gradients by `loss_scale`, matching a fixed loss scale in the train step.
+    `backbone_lr_scale` scales the learning rate of everything outside the classifier (`head_prefix`).
     """
     import mindspore as ms
     from mindspore import nn
-    return nn.Momentum(param_groups(params, weight_decay), learning_rate=ms.Tensor(lrs), momentum=momentum,
-                       loss_scale=loss_scale)
+    return nn.Momentum(param_groups(params, weight_decay, lrs, backbone_lr_scale, head_prefix),
+                       learning_rate=ms.Tensor(lrs), momentum=momentum, loss_scale=loss_scale)

@@ -99,7 +99,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
     import mindspore as ms
     from mindspore import nn
 
-    from msdist import checkpoint, comm, engine, inference, monitor, optim
+    from msdist import checkpoint, comm, engine, inference, monitor, optim, pretrained
     from msdist.eval import evaluate_split
 
     log_dir = os.path.join(cfg.output_dir, "logs")
@@ -135,11 +135,16 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
         config.save(cfg, os.path.join(cfg.output_dir, "config.yaml"))
 
     net = engine.build_network(cfg.model, num_classes, cfg.zero_init_last_bn, cfg.sync_bn, dist.world_size)
+    if cfg.pretrained:  # before resume, which overrides it
+        pretrained.load_pretrained(net, cfg.pretrained)
+    if cfg.freeze_backbone:
+        pretrained.freeze_backbone(net)
     net = engine.mixed_precision(net, cfg.amp_level, cfg.amp_dtype)
     base_lr = cfg.lr * dist.world_size if cfg.scale_lr else cfg.lr
     lrs = optim.lr_schedule(cfg.lr_schedule, base_lr, cfg.epochs, steps_per_epoch, cfg.warmup_epochs,
                             cfg.lr_step_size, cfg.lr_gamma, cfg.min_lr)
-    optimizer = optim.create_optimizer(net.trainable_params(), lrs, cfg.momentum, cfg.weight_decay, cfg.loss_scale)
+    optimizer = optim.create_optimizer(net.trainable_params(), lrs, cfg.momentum, cfg.weight_decay, cfg.loss_scale,
+                                       cfg.backbone_lr_scale, pretrained.HEAD_PREFIX)
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     reducer = comm.create_reducer(cfg.grad_compression, optimizer.parameters, dist.world_size,
                                   topk_ratio=cfg.topk_ratio, threshold=cfg.threshold,

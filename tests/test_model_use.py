@@ -140,3 +140,128 @@ def test_training_keeps_its_best_checkpoint(standalone_run):
     best = checkpoint.read_best(str(out / "ckpt"), "resnet_tiny", 0)
     result = json.loads((out / "result.json").read_text())
     assert (best["epoch"], best["accuracy"]) == (1, result["accuracy"]) and best["meta"]["classes"] == CLASSES
+
+
+# ---------------------------------------------------------------- --pretrained
+
+ZOO_AND_MINDCV_NAMES = {  # names as the model zoo (official/cv/ResNet) and MindCV (models/resnet.py) write them
+    "conv1.weight": "stem.0.weight", "bn1.moving_variance": "stem.1.moving_variance",
+    "layer1.0.conv1.weight": "stages.0.0.conv1.weight", "layer1.1.bn1d.gamma": "stages.0.1.bn1.gamma",
+    "layer2.0.bn2d.beta": "stages.1.0.bn2.beta", "layer4.2.bn3.moving_mean": "stages.3.2.bn3.moving_mean",
+    "layer2.0.down_sample_layer.0.weight": "stages.1.0.downsample.conv.weight",
+    "layer3.0.down_sample_layer.1.gamma": "stages.2.0.downsample.bn.gamma",
+    "layer4.0.down_sample.0.weight": "stages.3.0.downsample.conv.weight",
+    "layer4.0.down_sample.1.moving_mean": "stages.3.0.downsample.bn.moving_mean",
+    "end_point.weight": "fc.weight", "classifier.bias": "fc.bias",
+    "stages.0.0.conv1.weight": "stages.0.0.conv1.weight",  # msdist's own names stay
+}
+
+
+def _zoo_name(name: str) -> str:
+    """An msdist ResNet-18-style name as the model zoo writes it (bn{k}d in basic blocks, end_point)."""
+    import re
+    name = re.sub(r"^stem\.0\.", "conv1.", re.sub(r"^stem\.1\.", "bn1.", name))
+    name = re.sub(r"^stages\.(\d)\.", lambda m: f"layer{int(m[1]) + 1}.", name)
+    name = re.sub(r"\.bn(\d)\.", r".bn\1d.", name)
+    name = name.replace("downsample.conv.", "down_sample_layer.0.").replace("downsample.bn.", "down_sample_layer.1.")
+    return re.sub(r"^fc\.", "end_point.", name)
+
+
+def _write_pretrained(path, num_classes, rename=lambda n: n, seed=7):
+    import mindspore as ms
+    from models import create_model
+    ms.set_seed(seed)
+    net = create_model("resnet_tiny", num_classes)
+    for param in net.get_parameters():  # give the BN statistics values a fresh model would not have
+        if "moving_" in param.name:
+            param.set_data(ms.Tensor(np.random.default_rng(seed).random(param.shape, dtype=np.float32) + 0.5))
+    entries = [{"name": rename(p.name), "data": p} for p in net.get_parameters()]
+    entries.append({"name": "moments.fc.weight", "data": ms.Tensor(np.zeros((1,), np.float32))})  # optimizer state
+    ms.save_checkpoint(entries, str(path), append_dict={"learning_rate": 0.1})
+    return {p.name: p.asnumpy().copy() for p in net.get_parameters()}
+
+
+def test_zoo_and_mindcv_names_map_onto_msdist_resnets():
+    from models import create_model
+    from msdist.pretrained import to_msdist_name
+    ours = {p.name for name in ("resnet18", "resnet50") for p in create_model(name, 10).get_parameters()}
+    for theirs, expected in ZOO_AND_MINDCV_NAMES.items():
+        assert to_msdist_name(theirs) == expected and expected in ours, theirs
+    r18 = [p.name for p in create_model("resnet18", 10).get_parameters()]
+    assert [to_msdist_name(_zoo_name(n)) for n in r18] == r18  # every tensor of a zoo ResNet-18 finds its place
+
+
+def test_pretrained_with_another_class_count_loads_the_backbone_exactly(tmp_path, caplog):
+    import mindspore as ms
+    from models import create_model
+    from msdist import pretrained
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    source = _write_pretrained(tmp_path / "zoo.ckpt", num_classes=3, rename=_zoo_name)
+    ms.set_seed(1)
+    net = create_model("resnet_tiny", 4)
+    fresh_head = {p.name: p.asnumpy().copy() for p in net.get_parameters() if p.name.startswith("fc.")}
+    with caplog.at_level("INFO", logger="msdist.pretrained"):
+        report = pretrained.load_pretrained(net, str(tmp_path / "zoo.ckpt"))
+    backbone = [p for p in net.get_parameters() if not p.name.startswith("fc.")]
+    assert sorted(report["loaded"]) == sorted(p.name for p in backbone)
+    for param in backbone:
+        np.testing.assert_array_equal(param.asnumpy(), source[param.name], err_msg=param.name)
+    for param in net.get_parameters():
+        if param.name.startswith("fc."):
+            np.testing.assert_array_equal(param.asnumpy(), fresh_head[param.name])  # fresh, not the 3-class head
+    assert any(s.startswith("fc.weight (fresh: checkpoint [3, 64] vs model [4, 64]") for s in report["skipped"])
+    assert "moments.fc.weight (not a model tensor)" in report["skipped"]
+    assert f"loaded {len(backbone)} tensors: stem.0.weight, " in caplog.text
+    assert "skipped 4: fc.weight (fresh" in caplog.text and "learning_rate (not a model tensor)" in caplog.text
+    same = create_model("resnet_tiny", 3)  # the same class count: the classifier loads too
+    assert "fc.weight" in pretrained.load_pretrained(same, str(tmp_path / "zoo.ckpt"))["loaded"]
+
+
+def test_pretrained_that_does_not_fit_names_the_first_tensor(tmp_path):
+    from models import create_model
+    from msdist import pretrained
+    from msdist.errors import CheckpointError
+    _write_pretrained(tmp_path / "tiny.ckpt", num_classes=4)
+    with pytest.raises(CheckpointError) as info:
+        pretrained.load_pretrained(create_model("resnet18", 4), str(tmp_path / "tiny.ckpt"))
+    message = str(info.value)
+    assert "stem.0.weight is [8, 3, 3, 3] there, the model needs [64, 3, 7, 7]" in message and "\n" not in message
+
+
+def test_backbone_lr_scale_groups():
+    import mindspore as ms
+    from msdist import optim
+    params = [ms.Parameter(ms.Tensor(np.ones(shape, np.float32)), name=name)
+              for name, shape in (("conv.weight", (2, 2)), ("bn.gamma", (2,)), ("fc.weight", (3, 2)), ("fc.bias", (3,)))]
+    lrs = np.array([0.1, 0.2], np.float32)
+    groups = optim.param_groups(params, 1e-4, lrs, backbone_lr_scale=0.1)
+    by_name = {p.name: (g["lr"].asnumpy(), g["weight_decay"]) for g in groups for p in g["params"]}
+    np.testing.assert_allclose(by_name["conv.weight"][0], lrs * 0.1)
+    np.testing.assert_allclose(by_name["fc.weight"][0], lrs)
+    assert by_name["conv.weight"][1] == by_name["fc.weight"][1] == 1e-4 and by_name["fc.bias"][1] == 0.0
+    assert len(optim.param_groups(params, 1e-4)) == 2  # scale 1: the plain two groups, no per-group lr
+
+
+@pytest.fixture(scope="module")
+def finetune_run(tmp_path_factory, data_dir):
+    """A 3-step run from a 3-class "pretrained" resnet_tiny on the 4-class data, backbone frozen."""
+    from conftest import tiny_args
+    root = tmp_path_factory.mktemp("finetune")
+    source = _write_pretrained(root / "pretrained.ckpt", num_classes=3)
+    out = root / "run"
+    proc = run_msdist("train", tiny_args(data_dir, out, "--max_steps", 3, "--log_every", 1, "--pretrained",
+                                         root / "pretrained.ckpt", "--freeze_backbone", "true"))
+    return out, proc, source
+
+
+def test_frozen_backbone_does_not_move(finetune_run):
+    from conftest import load_params
+    out, proc, source = finetune_run
+    assert "pretrained " in proc.stdout and "skipped 4: fc.weight (fresh" in proc.stdout
+    assert "freeze_backbone: 60 backbone parameters frozen" in proc.stdout
+    trained = load_params(checkpoints(out, 0)[-1], include_state=True)
+    for name, value in source.items():
+        if not name.startswith("fc."):  # weights and BatchNorm statistics exactly as loaded
+            np.testing.assert_array_equal(trained[name], value, err_msg=name)
+    assert trained["fc.weight"].shape == (4, 64) and np.abs(trained["moments.fc.weight"]).max() > 0  # the head trains
+    assert not [n for n in trained if n.startswith("moments.") and not n.startswith("moments.fc.")]
