@@ -8,6 +8,8 @@ File layout in `{output_dir}/ckpt/`:
                                                the big files
     {prefix}_rank{r}_best.ckpt (+ .json)       the model at its best evaluation so far; the sidecar adds
                                                `accuracy`. Never pruned.
+    {prefix}_rank{r}_ema.ckpt (+ .json)        with --ema_decay: the newest EMA weights under the model's
+                                               names. Never pruned.
 
 Training also stores the model's metadata (model name, num_classes, image_size, class names) inside
 every checkpoint (`msdist_meta`, a JSON string) and in its sidecar (`meta`), so predict and export
@@ -113,9 +115,24 @@ def save(params: List[dict], directory: str, prefix: str, rank: int, state: Dict
     return CheckpointInfo(path, state["epoch"], state["step"], state["global_step"], state["config_hash"])
 
 
+def tagged_path(directory: str, prefix: str, rank: int, tag: str) -> str:
+    """`{prefix}_rank{r}_{tag}.ckpt` (best, ema): outside `prune`'s `{prefix}_rank{r}-*` pattern, so never pruned."""
+    return os.path.join(directory, f"{prefix}_rank{rank}_{tag}.ckpt")
+
+
 def best_path(directory: str, prefix: str, rank: int) -> str:
-    """`{prefix}_rank{r}_best.ckpt`: outside `prune`'s `{prefix}_rank{r}-*` pattern, so never pruned."""
-    return os.path.join(directory, f"{prefix}_rank{rank}_best.ckpt")
+    """This rank's best checkpoint, `{prefix}_rank{r}_best.ckpt`."""
+    return tagged_path(directory, prefix, rank, "best")
+
+
+def save_as(params: List[dict], path: str, state: Dict, meta: Optional[Dict] = None, **extra) -> None:
+    """Write a checkpoint under a fixed name (best, ema), replacing the previous one atomically.
+
+    Same integrity scheme as `save`: tmp file, fsync, rename, then the sidecar with the sha256, the
+    state, the metadata and `extra` (e.g. accuracy).
+    """
+    append, sidecar = _contents(state, meta)
+    _write_pair(params, path, append, {**sidecar, **extra})
 
 
 def read_best(directory: str, prefix: str, rank: int) -> Optional[dict]:
@@ -140,8 +157,7 @@ def keep_best(params: List[dict], directory: str, prefix: str, rank: int, state:
     best = read_best(directory, prefix, rank)
     if best is not None and accuracy <= best["accuracy"]:
         return False
-    append, sidecar = _contents(state, meta)
-    _write_pair(params, best_path(directory, prefix, rank), append, {**sidecar, "accuracy": accuracy})
+    save_as(params, best_path(directory, prefix, rank), state, meta, accuracy=accuracy)
     return True
 
 

@@ -85,6 +85,8 @@ TRAIN_OPTIONS = [
     _opt("momentum", float, 0.9, "SGD momentum", min=0, max=1),
     _opt("weight_decay", float, 1e-4, "L2 weight decay on conv/dense weights (not BN, not bias)", min=0),
     _opt("loss_scale", float, 1024.0, "fixed loss scale", above=0),
+    _opt("ema_decay", float, 0.0, "keep an exponential moving average of the weights with this decay per step "
+         "(e.g. 0.999), evaluated and saved as {prefix}_rank{r}_ema.ckpt; 0 = off", min=0, max=0.999999),
     _opt("seed", int, 1, "seed for every RNG; identical on every rank", min=0),
     _opt("deterministic", boolean, False, "ask MindSpore for deterministic kernels"),
     # gradient communication (msdist/comm.py, docs/grad_comm.md)

@@ -99,7 +99,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
     import mindspore as ms
     from mindspore import nn
 
-    from msdist import checkpoint, comm, engine, inference, monitor, optim, pretrained
+    from msdist import checkpoint, comm, ema, engine, inference, monitor, optim, pretrained
     from msdist.eval import evaluate_split
 
     log_dir = os.path.join(cfg.output_dir, "logs")
@@ -165,27 +165,43 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
                            ms.Tensor(shape=(micro_batch,), dtype=ms.int32))
     compile_seconds = time.perf_counter() - compile_start
     _logger.info("train step compiled in %.1f s", compile_seconds)
+    averaged = ema.create(net, cfg.ema_decay)  # after --pretrained, so the average starts from those weights
     saved_params = list(net.get_parameters()) + list(optimizer.moments) + [optimizer.global_step] + \
         comm.residuals(reducer)  # error-feedback residuals: per-rank state an exact resume needs
+    if averaged is not None:
+        saved_params += averaged.parameters_to_save()
 
     ckpt_dir = os.path.join(cfg.output_dir, "ckpt")
     prefix = cfg.ckpt_prefix or cfg.model
     cfg_hash = config.config_hash(cfg)
     meta = inference.model_meta(cfg.model, num_classes, cfg.image_size, classes)  # predict/export need only the ckpt
-    start = checkpoint.resume_state(cfg.resume, ckpt_dir, prefix, dist.rank, collectives, train_step,
+    start = checkpoint.resume_state(cfg.resume, ckpt_dir, prefix, dist.rank, collectives,
+                                    train_step if averaged is None else ema.WithEMA(train_step, averaged),
                                     saved_params, cfg_hash, steps_per_epoch)
     distributed.check_replicas_identical(collectives, net, "at start")
 
     def save(epoch: int, step: int, global_step: int) -> None:
         distributed.check_replicas_identical(collectives, net, f"at epoch {epoch} step {step}")
+        state = {"epoch": epoch, "step": step, "global_step": global_step, "config_hash": cfg_hash}
+        if averaged is not None:
+            averaged.synchronize(collectives)
+            checkpoint.save_as(averaged.as_model_checkpoint(), checkpoint.tagged_path(ckpt_dir, prefix, dist.rank,
+                                                                                      "ema"), state, meta)
         info = checkpoint.save([{"name": p.name, "data": p} for p in saved_params], ckpt_dir, prefix, dist.rank,
-                               {"epoch": epoch, "step": step, "global_step": global_step, "config_hash": cfg_hash}, meta)
+                               state, meta)
         checkpoint.prune(ckpt_dir, prefix, dist.rank, cfg.keep_checkpoint_max)
         _logger.info("saved %s", info.path)
 
     def evaluate(epoch: int, step: int, global_step: int) -> dict:
-        metrics = evaluate_split(net, test_split, batch_size=cfg.eval_batch_size or batch, image_size=cfg.image_size,
-                                 dist=dist, workers=workers, collectives=collectives, num_classes=num_classes)
+        def run():
+            return evaluate_split(net, test_split, batch_size=cfg.eval_batch_size or batch, image_size=cfg.image_size,
+                                  dist=dist, workers=workers, collectives=collectives, num_classes=num_classes)
+        metrics = run()
+        if averaged is not None:
+            averaged.synchronize(collectives)
+            with averaged.swapped_into():
+                metrics["ema"] = run()
+            _logger.info("EMA weights: accuracy %.4f loss %.4f", metrics["ema"]["accuracy"], metrics["ema"]["loss"])
         state = {"epoch": epoch, "step": step, "global_step": global_step, "config_hash": cfg_hash}
         if checkpoint.keep_best([{"name": p.name, "data": p} for p in net.get_parameters()], ckpt_dir, prefix,
                                 dist.rank, state, metrics["accuracy"], meta):
@@ -213,6 +229,8 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
         for images, labels in data.create_tuple_iterator(num_epochs=1):
             data_s = timer.data_ready()
             loss = float(train_step.train_on(images, labels).asnumpy())
+            if averaged is not None:
+                averaged()
             step_s = timer.step_done()
             step += 1
             global_step += 1

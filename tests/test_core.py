@@ -207,7 +207,7 @@ def test_standalone_run_learns_and_reports(standalone_run):
     assert "global batch 16 = 16 per rank" in proc.stdout
     assert yaml.safe_load((out / "config.yaml").read_text())["model"] == "resnet_tiny"
     assert (out / "logs" / "rank_0.log").exists()
-    assert [os.path.basename(p) for p in checkpoints(out, 0)] == ["resnet_tiny_rank0-1_60.ckpt"]
+    assert [os.path.basename(p) for p in checkpoints(out, 0)] == ["resnet_tiny_rank0-1_12.ckpt"]
     assert "[INFO]" not in proc.stderr and "[WARNING]" not in proc.stderr  # MindSpore's C++ logs are off
 
 
@@ -253,7 +253,8 @@ def _wait_until_no_scheduler(output_dir, timeout_s: float) -> set:
 @pytest.fixture(scope="module")
 def mpirun_run(tmp_path_factory, data_dir):
     out = tmp_path_factory.mktemp("mpirun2")
-    proc = run_msdist("train", tiny_args(data_dir, out, "--epochs", 1, "--max_steps", 40), ranks=2)
+    proc = run_msdist("train", tiny_args(data_dir, out, "--epochs", 1, "--max_steps", 40, "--ema_decay", 0.9),
+                      ranks=2)
     return out, proc
 
 
@@ -279,8 +280,8 @@ def test_scale_lr_multiplies_the_lr_by_the_world_size(data_dir, tmp_path):
 def test_mpirun_checkpoints_are_per_rank_and_identical(mpirun_run):
     out, _ = mpirun_run
     (rank0,), (rank1,) = checkpoints(out, 0), checkpoints(out, 1)
-    assert os.path.basename(rank0) == "resnet_tiny_rank0-1_40.ckpt"
-    assert os.path.basename(rank1) == "resnet_tiny_rank1-1_40.ckpt"
+    assert os.path.basename(rank0) == "resnet_tiny_rank0-1_12.ckpt"
+    assert os.path.basename(rank1) == "resnet_tiny_rank1-1_12.ckpt"
     a, b = load_params(rank0), load_params(rank1)
     trained = [n for n in a if "moving_" not in n]  # without sync_bn, BN running stats are per rank by design
     assert trained and all(np.array_equal(a[n], b[n]) for n in trained)
@@ -288,6 +289,11 @@ def test_mpirun_checkpoints_are_per_rank_and_identical(mpirun_run):
     for rank in (0, 1):  # the final evaluation is the only one, so it is each rank's best
         best = checkpoint.read_best(str(out / "ckpt"), "resnet_tiny", rank)
         assert best is not None and (best["epoch"], best["accuracy"]) == (1, accuracy)
+    # The EMA (BatchNorm statistics included, averaged over ranks) is one model on every rank.
+    ema0, ema1 = (load_params(checkpoint.tagged_path(str(out / "ckpt"), "resnet_tiny", r, "ema")) for r in (0, 1))
+    model = {n for n in a if not n.startswith(("ema.", "msdist_state."))}
+    assert model <= ema0.keys() and all(np.array_equal(ema0[n], ema1[n]) for n in model)
+    assert not np.array_equal(ema0["stem.1.moving_mean"], a["stem.1.moving_mean"])  # an average, not a copy
 
 
 def test_scheduler_gone_after_run(mpirun_run):

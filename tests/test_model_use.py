@@ -244,13 +244,13 @@ def test_backbone_lr_scale_groups():
 
 @pytest.fixture(scope="module")
 def finetune_run(tmp_path_factory, data_dir):
-    """A 3-step run from a 3-class "pretrained" resnet_tiny on the 4-class data, backbone frozen."""
+    """A 3-step run from a 3-class "pretrained" resnet_tiny on the 4-class data, backbone frozen, with an EMA."""
     from conftest import tiny_args
     root = tmp_path_factory.mktemp("finetune")
     source = _write_pretrained(root / "pretrained.ckpt", num_classes=3)
     out = root / "run"
     proc = run_msdist("train", tiny_args(data_dir, out, "--max_steps", 3, "--log_every", 1, "--pretrained",
-                                         root / "pretrained.ckpt", "--freeze_backbone", "true"))
+                                         root / "pretrained.ckpt", "--freeze_backbone", "true", "--ema_decay", 0.5))
     return out, proc, source
 
 
@@ -265,3 +265,56 @@ def test_frozen_backbone_does_not_move(finetune_run):
             np.testing.assert_array_equal(trained[name], value, err_msg=name)
     assert trained["fc.weight"].shape == (4, 64) and np.abs(trained["moments.fc.weight"]).max() > 0  # the head trains
     assert not [n for n in trained if n.startswith("moments.") and not n.startswith("moments.fc.")]
+
+
+# ---------------------------------------------------------------- --ema_decay
+
+def test_ema_update_swap_and_resume(tmp_path):
+    import mindspore as ms
+    from mindspore import nn
+    from msdist import checkpoint, distributed, ema
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    net = nn.Dense(3, 2)
+    start = {p.name: p.asnumpy().copy() for p in net.get_parameters()}
+    averaged = ema.create(net, 0.75)
+    assert ema.create(net, 0.0) is None
+    for param in net.get_parameters():
+        param.set_data(ms.Tensor(np.full(param.shape, 2.0, np.float32)))
+    averaged()
+    for weight, average in zip(net.get_parameters(), averaged.parameters_to_save()):
+        assert average.name == "ema." + weight.name
+        np.testing.assert_allclose(average.asnumpy(), 0.75 * start[weight.name] + 0.25 * 2.0, rtol=1e-6)
+    expected = {a.name: a.asnumpy().copy() for a in averaged.parameters_to_save()}
+    with averaged.swapped_into():  # evaluation sees the EMA, training gets its own weights back
+        assert all(np.array_equal(w.asnumpy(), expected["ema." + w.name]) for w in net.get_parameters())
+    assert all((w.asnumpy() == 2.0).all() for w in net.get_parameters())
+    assert [e["name"] for e in averaged.as_model_checkpoint()] == [p.name for p in net.get_parameters()]
+
+    # Saved with the resumable state, restored by the same resume that restores the weights.
+    params = list(net.get_parameters()) + averaged.parameters_to_save()
+    state = {"epoch": 1, "step": 2, "global_step": 2, "config_hash": "h"}
+    info = checkpoint.save([{"name": p.name, "data": p} for p in params], str(tmp_path), "m", 0, state)
+    other = nn.Dense(3, 2)  # the same parameter names as `net`
+    fresh = ema.create(other, 0.75)
+    checkpoint.resume_state(info.path, str(tmp_path), "m", 0, distributed.Collectives(1), ema.WithEMA(other, fresh),
+                            list(other.get_parameters()) + fresh.parameters_to_save(), "h", steps_per_epoch=4)
+    for average in fresh.parameters_to_save():
+        np.testing.assert_array_equal(average.asnumpy(), expected[average.name])
+
+
+def test_ema_is_evaluated_and_saved_as_its_own_checkpoint(finetune_run):
+    from conftest import load_params
+    from msdist import checkpoint
+    out, proc, source = finetune_run
+    result = json.loads((out / "result.json").read_text())
+    assert result["ema"]["num_samples"] == result["num_samples"] and "EMA weights: accuracy" in proc.stdout
+    path = checkpoint.tagged_path(str(out / "ckpt"), "resnet_tiny", 0, "ema")
+    assert checkpoint.verify(path) is None and checkpoint.read_meta(path)["classes"] == CLASSES
+    averaged = {n: v for n, v in load_params(path).items() if not n.startswith("msdist_state.")}
+    trained = load_params(checkpoints(out, 0)[-1], include_state=True)
+    assert averaged.keys() == set(source)  # the model's own names: eval, predict and export take it as it is
+    for name in source:
+        np.testing.assert_array_equal(averaged[name], trained["ema." + name])  # same EMA as the resumable state
+        if not name.startswith("fc."):  # an average of a frozen value stays (within rounding) that value
+            np.testing.assert_allclose(averaged[name], source[name], rtol=1e-6, atol=1e-7)
+    assert not np.array_equal(averaged["fc.weight"], trained["fc.weight"])  # 3 steps at decay 0.5: not caught up
