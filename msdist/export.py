@@ -13,28 +13,20 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from msdist.config import ArgumentParser, boolean
-from msdist.errors import ConfigError, cli_main
-from msdist.runtime import CPU_ISA_CHOICES
+from msdist import inference
+from msdist.errors import cli_main
 
 SUFFIXES = {"MINDIR": ".mindir", "ONNX": ".onnx"}
 
 
 def _parse(argv: Optional[Sequence[str]]):
-    parser = ArgumentParser(prog="msdist.export", allow_abbrev=False,
-                            description="Export a checkpoint's network for inference.")
-    parser.add_argument("--ckpt", required=True, help="a checkpoint written by msdist.train")
+    parser = inference.cli_parser("msdist.export", "Export a checkpoint's network for inference.")
     parser.add_argument("--format", default="MINDIR", type=str.upper, choices=sorted(SUFFIXES),
                         help="MINDIR (mindspore.load + nn.GraphCell, MindSpore Lite) or ONNX [MINDIR]")
     parser.add_argument("--output", required=True, help="file to write; the format's suffix is added if missing")
-    parser.add_argument("--batch_size", type=int, default=1, help="the exported graph's fixed batch size [1]")
-    parser.add_argument("--device_target", default="auto", choices=("auto", "CPU", "GPU"))
-    parser.add_argument("--cpu_isa", default="auto", choices=CPU_ISA_CHOICES)
-    parser.add_argument("--verbose", type=boolean, default=False, help="show MindSpore's own log lines")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.batch_size < 1:
-        raise ConfigError(f"--batch_size {args.batch_size} must be at least 1")
-    return args
+    parser.add_argument("--batch_size", type=inference.positive_int, default=1,
+                        help="the exported graph's fixed batch size [1]")
+    return parser.parse_args(sys.argv[1:] if argv is None else argv)
 
 
 def output_path(output: str, file_format: str) -> str:
@@ -65,8 +57,6 @@ def export(net, meta: dict, path: str, file_format: str, batch_size: int = 1) ->
 @cli_main
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse(argv)
-    from msdist import inference
-
     inference.start(args.device_target, args.verbose, args.cpu_isa)
     net, meta = inference.load_network(args.ckpt)
     path = export(net, meta, output_path(args.output, args.format), args.format, args.batch_size)

@@ -8,6 +8,7 @@ import os
 from typing import Dict, Sequence, Tuple
 
 from msdist import checkpoint, distributed, runtime
+from msdist.config import ArgumentParser, boolean
 from msdist.data import pipeline
 
 # Names a training checkpoint carries besides the model's own tensors: optimizer state,
@@ -19,6 +20,24 @@ def model_meta(model: str, num_classes: int, image_size: int, classes: Dict[str,
     """What a checkpoint must carry to be used on its own: stored by training in every checkpoint."""
     return {"model": model, "num_classes": num_classes, "image_size": image_size,
             "classes": sorted(classes, key=classes.get), "mean": list(pipeline.MEAN), "std": list(pipeline.STD)}
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{value} is below 1")
+    return value
+
+
+def cli_parser(prog: str, description: str) -> ArgumentParser:
+    """The options every checkpoint-only CLI (predict, export) shares: --ckpt and the runtime ones."""
+    parser = ArgumentParser(prog=prog, allow_abbrev=False, description=description)
+    parser.add_argument("--ckpt", required=True, help="a checkpoint written by msdist.train (also _best, _ema)")
+    parser.add_argument("--device_target", default="auto", choices=("auto", "CPU", "GPU"))
+    parser.add_argument("--cpu_isa", default="auto", choices=runtime.CPU_ISA_CHOICES)
+    parser.add_argument("--verbose", type=boolean, default=False, help="show MindSpore's own log lines")
+    return parser
 
 
 def start(device_target: str = "auto", verbose: bool = False, cpu_isa: str = "auto") -> None:

@@ -12,28 +12,21 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from msdist.config import ArgumentParser, boolean
+from msdist import inference
+from msdist.config import boolean
 from msdist.errors import ConfigError, cli_main
-from msdist.runtime import CPU_ISA_CHOICES
 
 BATCH = 16  # images per forward pass; the last batch is zero-padded so the graph compiles once
 
 
 def _parse(argv: Optional[Sequence[str]]):
-    parser = ArgumentParser(prog="msdist.predict", allow_abbrev=False,
-                            description="Top-k class names and probabilities for images, from a checkpoint alone.")
+    parser = inference.cli_parser("msdist.predict", "Top-k class names and probabilities for images, from a "
+                                                     "checkpoint alone.")
     parser.add_argument("paths", nargs="+", metavar="IMAGE_OR_DIR", help="image files and/or folders of images")
-    parser.add_argument("--ckpt", required=True, help="a checkpoint written by msdist.train")
-    parser.add_argument("--topk", type=int, default=5, help="classes to show per image [5]")
+    parser.add_argument("--topk", type=inference.positive_int, default=5, help="classes to show per image [5]")
     parser.add_argument("--json", type=boolean, default=False, nargs="?", const=True,
                         help="print one JSON document instead of text lines")
-    parser.add_argument("--device_target", default="auto", choices=("auto", "CPU", "GPU"))
-    parser.add_argument("--cpu_isa", default="auto", choices=CPU_ISA_CHOICES)
-    parser.add_argument("--verbose", type=boolean, default=False, help="show MindSpore's own log lines")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.topk < 1:
-        raise ConfigError(f"--topk {args.topk} must be at least 1")
-    return args
+    return parser.parse_args(sys.argv[1:] if argv is None else argv)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -57,8 +50,6 @@ def _logits(net, images: list) -> np.ndarray:
 
 def predict(net, meta: dict, paths: Sequence[str], k: int) -> list:
     """One record per path, in order: {'path', 'predictions'} or {'path', 'error'}."""
-    from msdist import inference
-
     records, pending = [], []   # pending: (record, image) waiting for a full batch
 
     def flush():
@@ -94,8 +85,6 @@ def _print_text(records: list) -> None:
 @cli_main
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse(argv)
-    from msdist import inference
-
     inference.start(args.device_target, args.verbose, args.cpu_isa)
     net, meta = inference.load_network(args.ckpt)
     paths = inference.expand_paths(args.paths)
