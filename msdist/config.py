@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import yaml
 
-from msdist.errors import ConfigError
+from msdist.errors import ConfigError, first_line
 from msdist.runtime import CPU_ISA_CHOICES
 
 
@@ -166,8 +166,7 @@ def _load_yaml(path: str) -> dict:
     # ValueError: bad bytes (UnicodeDecodeError) or an impossible value such as the date 2020-13-45;
     # RecursionError: absurdly deep nesting.
     except (yaml.YAMLError, ValueError, OverflowError, RecursionError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"config file {path!r} is not valid YAML ({first}); fix the syntax") from None
+        raise ConfigError(f"config file {path!r} is not valid YAML ({first_line(e)}); fix the syntax") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
