@@ -171,6 +171,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
     distributed.check_replicas_identical(collectives, net, "at start")
 
     def save(epoch: int, step: int, global_step: int) -> None:
+        distributed.unify_bn_stats(net, collectives, cfg.dist_bn)
         distributed.check_replicas_identical(collectives, net, f"at epoch {epoch} step {step}")
         info = checkpoint.save([{"name": p.name, "data": p} for p in saved_params], ckpt_dir, prefix, dist.rank,
                                {"epoch": epoch, "step": step, "global_step": global_step, "config_hash": cfg_hash})
@@ -178,6 +179,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
         _logger.info("saved %s", info.path)
 
     def evaluate() -> dict:
+        distributed.unify_bn_stats(net, collectives, cfg.dist_bn)
         return evaluate_split(net, test_split, batch_size=cfg.eval_batch_size or batch, image_size=cfg.image_size,
                               dist=dist, workers=workers, collectives=collectives)
 

@@ -289,3 +289,49 @@ def test_sync_bn_amp_o2_trains_on_two_ranks(data_dir, tmp_path):
     ranks = [load_params(checkpoints(tmp_path, r)[-1]) for r in (0, 1)]
     assert all(np.isfinite(v).all() for v in ranks[0].values())
     assert all(np.array_equal(ranks[0][n], ranks[1][n]) for n in ranks[0])
+
+
+# ---------------------------------------------------------------- --dist_bn: one model per job without sync_bn
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_dist_bn_reduce_makes_one_model_that_eval_reproduces(data_dir, tmp_path):
+    """Without sync_bn each rank's running statistics follow its own shard; --dist_bn reduce (the default)
+    averages them before every checkpoint and evaluation, so both ranks save the same tensors and the
+    rank-0 checkpoint, evaluated alone, gives result.json's numbers."""
+    import json
+    out = tmp_path / "train"
+    run_msdist("train", tiny_args(data_dir, out, "--epochs", 1, "--max_steps", 3), ranks=2)
+    rank0, rank1 = (load_params(checkpoints(out, r)[-1], include_state=True) for r in (0, 1))
+    assert rank0.keys() == rank1.keys() and any("moving_mean" in n for n in rank0)
+    assert [n for n in rank0 if not np.array_equal(rank0[n], rank1[n])] == []
+    result = json.loads((out / "result.json").read_text())
+    run_msdist("eval", tiny_args(data_dir, tmp_path / "eval", "--ckpt", checkpoints(out, 0)[-1]))
+    evaluated = json.loads((tmp_path / "eval" / "eval_result.json").read_text())
+    assert evaluated["correct"] == result["correct"]
+    assert evaluated["loss"] == pytest.approx(result["loss"], rel=1e-6)
+
+
+def test_unify_bn_stats_reduce_and_broadcast():
+    """The operation alone, seen from rank 1 of two: stand-in collectives return what AllGather would."""
+    from models import create_model
+    from msdist.distributed import unify_bn_stats
+
+    class TwoRanks:  # Collectives.gather on rank 1 of a 2-rank job: row r = rank r's values
+        world_size = 2
+
+        def __init__(self, rank0):
+            self.rank0 = rank0
+
+        def gather(self, values):
+            return np.stack([self.rank0, values])
+
+    stats = lambda net: [p for p in net.get_parameters() if "moving_" in p.name]  # noqa: E731
+    for mode in ("reduce", "broadcast", "none"):
+        net = create_model("resnet_tiny", 4)
+        before = np.concatenate([p.asnumpy().astype(np.float64).ravel() for p in stats(net)])
+        rank0 = before + 1.0
+        unify_bn_stats(net, TwoRanks(rank0), mode)
+        after = np.concatenate([p.asnumpy().astype(np.float64).ravel() for p in stats(net)])
+        want = {"reduce": (before + rank0) / 2, "broadcast": rank0, "none": before}[mode]
+        assert np.array_equal(after, want.astype(np.float32)), mode
