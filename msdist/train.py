@@ -203,7 +203,16 @@ def train(started: startup.Started) -> int:
     start = saver.resume(cfg.resume, model.train_step, data.steps_per_epoch)
     distributed.check_replicas_identical(collectives, model.net, "at start")
 
+    def one_model() -> None:
+        """Without sync_bn each rank keeps its own BatchNorm statistics: make them one model (--dist_bn)."""
+        distributed.unify_bn_stats(model.net, collectives, cfg.dist_bn)
+
+    def save(epoch: int, step: int, global_step: int) -> int:
+        one_model()
+        return saver.save(epoch, step, global_step).global_step
+
     def evaluate() -> dict:
+        one_model()
         return evaluate_split(model.net, data.test, batch_size=cfg.eval_batch_size or data.per_rank_batch,
                               image_size=cfg.image_size, dist=dist, workers=data.workers, collectives=collectives)
 
@@ -221,7 +230,7 @@ def train(started: startup.Started) -> int:
                                                                               else 0, at.global_step))
         epoch_done = at.step == data.steps_per_epoch
         if epoch_done and ((epoch + 1) % cfg.save_every_epochs == 0 or epoch + 1 == cfg.epochs):
-            saved_at = saver.save(epoch + 1, at.step, at.global_step).global_step
+            saved_at = save(epoch + 1, at.step, at.global_step)
         # The last epoch's evaluation is the final one, so its epoch summary can show it.
         metrics = evaluate() if epoch_done and (epoch + 1 == cfg.epochs or cfg.eval_every_epochs and
                                                 (epoch + 1) % cfg.eval_every_epochs == 0) else None
@@ -231,7 +240,7 @@ def train(started: startup.Started) -> int:
             break
     train_seconds = time.perf_counter() - train_start
     if at.global_step != saved_at:
-        saver.save(at.epoch + 1, at.step, at.global_step)
+        save(at.epoch + 1, at.step, at.global_step)
     watch.close()
     metrics = metrics or evaluate()  # None when stopped by max_steps or resumed from a finished run
     result = _result(cfg, dist, data, model, metrics, watch.timer, at.global_step, train_seconds, train_start)
