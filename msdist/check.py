@@ -8,20 +8,23 @@ import platform
 import tempfile
 import sys
 
-from msdist import distributed, runtime
+from msdist import config, runtime, startup
 from msdist.errors import cli_main
+
+CHECK_OPTIONS = [o for o in config.TRAIN_OPTIONS if o.name in ("device_target", "cpu_isa", "bind_cores", "verbose")]
 
 
 @cli_main
 def main(argv=None) -> int:
-    launch = distributed.detect_launch()
-    rt = runtime.prepare(verbose=False, cpu_isa="auto", local_world_size=launch.local_world_size)
+    started = startup.start(argv, options=CHECK_OPTIONS, prog="msdist.check", checks=())
+    # The scheduler log (mpirun on CPU) goes to the temp dir: a check must not litter the working directory.
+    dist, collectives = startup.join(started, os.path.join(tempfile.gettempdir(), "msdist-check"),
+                                     log_name="check")
     import mindspore as ms
     import numpy as np
 
-    # The scheduler log (mpirun on CPU) goes to the temp dir: a check must not litter the working directory.
-    dist = distributed.init(launch, "auto", os.path.join(tempfile.gettempdir(), "msdist-check"), deterministic=False)
-    received = distributed.Collectives(dist.world_size).gather([float(dist.rank)])[:, 0].astype(int).tolist()
+    rt, launch = started.rt, started.launch
+    received = collectives.gather([float(dist.rank)])[:, 0].astype(int).tolist()
     ok = received == list(range(dist.world_size))
     print(f"rank {dist.rank}/{dist.world_size}: all_gather(rank) -> {received} [{'ok' if ok else 'MISMATCH'}] | "
           f"device {dist.device_target} | backend {dist.backend or 'none (standalone)'} | launch {launch.kind} | "

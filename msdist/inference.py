@@ -11,11 +11,6 @@ from msdist import checkpoint, distributed, runtime
 from msdist.config import ArgumentParser, boolean
 from msdist.data import pipeline
 
-# Names a training checkpoint carries besides the model's own tensors: optimizer state,
-# gradient-compression residuals and the EMA copy of the weights.
-NON_MODEL_PREFIXES = ("moments.", "global_step", "residual.", "ema.")
-
-
 def model_meta(model: str, num_classes: int, image_size: int, classes: Dict[str, int]) -> dict:
     """What a checkpoint must carry to be used on its own: stored by training in every checkpoint."""
     return {"model": model, "num_classes": num_classes, "image_size": image_size,
@@ -53,15 +48,11 @@ def load_network(path: str) -> Tuple[object, dict]:
     Raises:
         CheckpointError: the checkpoint is missing, corrupt, has no metadata or does not fit its model.
     """
-    import mindspore as ms
-
     from msdist import engine
 
     meta = checkpoint.read_meta(path)
     net = engine.build_network(meta["model"], int(meta["num_classes"]), False, False, 1)
-    params = checkpoint.load(path, {p.name: (tuple(p.shape), str(p.dtype)) for p in net.get_parameters()},
-                             optional_prefixes=NON_MODEL_PREFIXES)["params"]
-    ms.load_param_into_net(net, params, strict_load=True)
+    checkpoint.load_weights(path, net)
     net.set_train(False)
     return net, meta
 

@@ -291,30 +291,12 @@ def test_ema_update_swap_and_resume(tmp_path):
     assert [e["name"] for e in averaged.as_model_checkpoint()] == [p.name for p in net.get_parameters()]
 
     # Saved with the resumable state, restored by the same resume that restores the weights.
-    params = list(net.get_parameters()) + averaged.parameters_to_save()
-    state = {"epoch": 1, "step": 2, "global_step": 2, "config_hash": "h"}
-    info = checkpoint.save([{"name": p.name, "data": p} for p in params], str(tmp_path), "m", 0, state)
+    def saver(model, average):
+        return checkpoint.Saver(directory=str(tmp_path), prefix="m", rank=0, keep=2, config_hash="h", net=model,
+                                train_state=average.parameters_to_save(), collectives=distributed.Collectives(1))
+    info = saver(net, averaged).save(1, 2, 2)
     other = nn.Dense(3, 2)  # the same parameter names as `net`
     fresh = ema.create(other, 0.75)
-    checkpoint.resume_state(info.path, str(tmp_path), "m", 0, distributed.Collectives(1), ema.WithEMA(other, fresh),
-                            list(other.get_parameters()) + fresh.parameters_to_save(), "h", steps_per_epoch=4)
+    saver(other, fresh).resume(info.path, ema.WithEMA(other, fresh), steps_per_epoch=4)
     for average in fresh.parameters_to_save():
         np.testing.assert_array_equal(average.asnumpy(), expected[average.name])
-
-
-def test_ema_is_evaluated_and_saved_as_its_own_checkpoint(finetune_run):
-    from conftest import load_params
-    from msdist import checkpoint
-    out, proc, source = finetune_run
-    result = json.loads((out / "result.json").read_text())
-    assert result["ema"]["num_samples"] == result["num_samples"] and "EMA weights: accuracy" in proc.stdout
-    path = checkpoint.tagged_path(str(out / "ckpt"), "resnet_tiny", 0, "ema")
-    assert checkpoint.verify(path) is None and checkpoint.read_meta(path)["classes"] == CLASSES
-    averaged = {n: v for n, v in load_params(path).items() if not n.startswith("msdist_state.")}
-    trained = load_params(checkpoints(out, 0)[-1], include_state=True)
-    assert averaged.keys() == set(source)  # the model's own names: eval, predict and export take it as it is
-    for name in source:
-        np.testing.assert_array_equal(averaged[name], trained["ema." + name])  # same EMA as the resumable state
-        if not name.startswith("fc."):  # an average of a frozen value stays (within rounding) that value
-            np.testing.assert_allclose(averaged[name], source[name], rtol=1e-6, atol=1e-7)
-    assert not np.array_equal(averaged["fc.weight"], trained["fc.weight"])  # 3 steps at decay 0.5: not caught up
