@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from msdist import config, distributed, runtime
+from msdist import cluster, config, distributed, runtime
 from msdist.errors import ConfigError, cli_main
 
 _logger = logging.getLogger("msdist.eval")
@@ -67,7 +67,9 @@ def main(argv=None) -> int:
     cfg = config.parse(argv, config.EVAL_OPTIONS, prog="msdist.eval")
     if not cfg.ckpt:
         raise ConfigError("--ckpt is required: the checkpoint to evaluate")
-    launch = distributed.detect_launch()
+    launch = cluster.detect_launch()
+    if launch.kind == "scheduler":  # msrun starts this same command as MindSpore's scheduler too
+        return distributed.run_scheduler_role(launch)
     rt = runtime.prepare(cfg.verbose, cfg.cpu_isa, launch.local_world_size, local_rank=launch.local_rank,
                          rank=launch.rank, bind_cores=cfg.bind_cores)
     from msdist import checkpoint, engine, monitor
@@ -99,6 +101,7 @@ def main(argv=None) -> int:
         print(f"eval result: {{'accuracy': {metrics['accuracy']:.4f}}}", flush=True)
         with open(os.path.join(cfg.output_dir, "eval_result.json"), "w", encoding="utf-8") as f:
             json.dump({**metrics, "world_size": dist.world_size, "ckpt": cfg.ckpt}, f, indent=2)
+    distributed.finish(launch, dist, collectives)
     return runtime.exit_without_teardown(0)
 
 

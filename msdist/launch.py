@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from msdist import config, distributed, heartbeat
+from msdist import cluster, config, heartbeat
 from msdist.data import pipeline
 from msdist.errors import ConfigError, cli_main
 
@@ -147,7 +147,7 @@ def _log_paths(log_dir: str, rank: int) -> List[str]:
 
 def _spawn_worker(plan: Plan, local_rank: int, host: str, port: int, train_args: List[str]) -> _Worker:
     rank = plan.global_rank(local_rank)
-    env = dict(os.environ, **distributed.cluster_env(host, port, plan.world_size), MS_ROLE="MS_WORKER",
+    env = dict(os.environ, **cluster.cluster_env(host, port, plan.world_size), MS_ROLE="MS_WORKER",
                MS_NODE_ID=str(rank), MSDIST_LOCAL_RANK=str(local_rank), MSDIST_LOCAL_WORLD_SIZE=str(plan.nproc))
     beat = heartbeat.path_for(plan.log_dir, rank)
     if os.path.exists(beat):
@@ -312,11 +312,11 @@ class _Stop(Exception):
 
 def _pick_port(plan: Plan, attempt: int) -> int:
     if plan.master_port == 0:
-        return distributed.free_port(plan.master_addr)
+        return cluster.free_port(plan.master_addr)
     if plan.node_rank == 0 and attempt > 0:
         # The previous scheduler was just killed; its socket can linger briefly.
         deadline = time.monotonic() + _PORT_RELEASE_S
-        while distributed.port_in_use(plan.master_addr, plan.master_port) and time.monotonic() < deadline:
+        while cluster.port_in_use(plan.master_addr, plan.master_port) and time.monotonic() < deadline:
             time.sleep(0.5)
     return plan.master_port
 
@@ -327,11 +327,11 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int) -> Optional[Fai
     scheduler, workers = None, []
     try:
         if plan.node_rank == 0:
-            scheduler = distributed.start_scheduler(plan.master_addr, port, plan.world_size,
+            scheduler = cluster.start_scheduler(plan.master_addr, port, plan.world_size,
                                                     os.path.join(plan.log_dir, "scheduler.log"))
         # Workers that find no scheduler back off for tens of seconds, so only start them once it listens.
         try:
-            distributed.wait_until_listening(plan.master_addr, port, plan.startup_timeout)
+            cluster.wait_until_listening(plan.master_addr, port, plan.startup_timeout)
         except RuntimeError as e:
             where = "" if plan.node_rank == 0 else "; check --master_addr/--master_port and that node 0's launcher runs"
             return Failure(None, f"{e}{where}")
@@ -363,7 +363,7 @@ def _report(failure: Failure, stopped_in_s: float) -> None:
 def supervise(plan: Plan) -> int:
     """Run attempts until one succeeds or the restart budget is spent; return the exit status."""
     os.makedirs(plan.log_dir, exist_ok=True)
-    if plan.node_rank == 0 and plan.master_port and distributed.port_in_use(plan.master_addr, plan.master_port):
+    if plan.node_rank == 0 and plan.master_port and cluster.port_in_use(plan.master_addr, plan.master_port):
         raise ConfigError(f"--master_port {plan.master_port} is already in use on {plan.master_addr}; "
                           "choose another port or omit --master_port to pick a free one")
     train_args = plan.train_args

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from msdist import config, distributed, heartbeat, runtime
+from msdist import cluster, config, distributed, heartbeat, runtime
 from msdist.errors import ConfigError, DataError, cli_main
 
 _logger = logging.getLogger("msdist.train")
@@ -22,7 +22,9 @@ _PROCESS_START = time.perf_counter()  # for result.json's start-to-first-step fi
 @cli_main
 def main(argv=None) -> int:
     cfg = config.parse(argv)
-    launch = distributed.detect_launch()
+    launch = cluster.detect_launch()
+    if launch.kind == "scheduler":  # msrun starts this same command as MindSpore's scheduler too
+        return distributed.run_scheduler_role(launch)
     from msdist.data import pipeline
     # Fail on these before the slow cluster start-up and before MindSpore loads.
     pipeline.per_rank_batch(cfg.batch_size, launch.world_size)
@@ -89,7 +91,7 @@ def _claim_output_dir(path: str, resume: str, overwrite: bool, is_main: bool):
     return archive
 
 
-def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
+def train(cfg, launch: cluster.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
     from msdist.data import check as data_check
     from msdist.data import pipeline
 
@@ -246,6 +248,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
         print(f"eval result: {{'accuracy': {metrics['accuracy']:.4f}}}", flush=True)
         with open(os.path.join(cfg.output_dir, "result.json"), "w", encoding="utf-8") as f:
             json.dump(result, f, indent=2)
+    distributed.finish(launch, dist, collectives)
     return 0
 
 

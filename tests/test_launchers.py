@@ -1,0 +1,50 @@
+"""Launchers other than msdist.launch, for real: MindSpore's msrun, and plain mpirun's failure reports.
+
+Each test starts real ranks of msdist.train on the tiny config and the shipped mini data set.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REAL_DATA, REPO, base_env, mpirun, tiny_args
+from msdist import heartbeat
+
+RUN_LIMIT_S = 300
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_msrun_two_workers_form_one_job(tmp_path):
+    """msrun starts the command three times: its scheduler (MS_ROLE=MS_SCHED) and two workers."""
+    if shutil.which("msrun") is None:
+        pytest.skip("msrun (MindSpore's launcher) is not on PATH")
+    out = tmp_path / "run"
+    cmd = ["msrun", "--worker_num", "2", "--local_worker_num", "2", "--master_port", str(_free_port()),
+           "--join", "True", "--log_dir", str(tmp_path / "msrun_logs"),
+           # msrun runs a binary only when it is named python, python3 or pytest: this interpreter comes first on PATH
+           "python3", "-m", "msdist.train", *tiny_args(REAL_DATA, out, "--max_steps", "4")]
+    env = base_env()
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    proc = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    console = proc.stdout + proc.stderr
+    assert proc.returncode == 0, console[-4000:]
+    assert console.count("eval result") == 1, console[-4000:]   # msrun tails both workers' logs
+    with open(out / "result.json", encoding="utf-8") as f:
+        assert json.load(f)["world_size"] == 2
+    # Local rank and local size come from msrun (DEVICE_ID, --local_worker_num): the ranks split the cores.
+    cores = [re.search(r"\| cores ([^|]*) \|", (out / "logs" / f"rank_{r}.log").read_text()).group(1) for r in (0, 1)]
+    assert cores[0] != cores[1], cores
