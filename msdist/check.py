@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     print(f"rank {dist.rank}/{dist.world_size}: all_gather(rank) -> {received} [{'ok' if ok else 'MISMATCH'}] | "
           f"device {dist.device_target} | backend {dist.backend or 'none (standalone)'} | launch {launch.kind} | "
           f"mindspore {ms.__version__} | numpy {np.__version__} | python {platform.python_version()} | "
-          f"oneDNN ISA {rt.cpu_isa} | threads/rank {rt.threads_per_rank} | cores {rt.cores or 'not bound'}", flush=True)
+          f"oneDNN ISA {rt.cpu_isa} | threads/rank {rt.threads_per_rank} | cores {','.join(map(str, rt.cores)) or 'not bound'}", flush=True)
     for problem in problems:
         print(f"rank {dist.rank}: GPU pre-flight: {problem}", flush=True)
     distributed.finish(launch, dist, collectives)

@@ -63,7 +63,7 @@ class _ClusterBridge:
         self.scheduler = None
         self.published = False
         host, port = cluster.bridge_address(launch, os.environ)
-        host = cluster.resolve_host(host, "MS_SCHED_HOST")
+        host = cluster.resolve_host(host, "MS_SCHED_HOST" if "MS_SCHED_HOST" in os.environ else "the scheduler host")
         if port is None:
             if launch.rank == 0:
                 port = cluster.free_port(host)
@@ -117,6 +117,8 @@ def init(launch: LaunchEnv, device_target: str, log_dir: str, deterministic: boo
     backend = cluster.backend_for(device)
     if cluster.needs_cluster_bridge(launch, device):
         _BRIDGE = _ClusterBridge(launch, log_dir)
+    elif "MS_SCHED_HOST" in os.environ:  # set by hand or by a job spec: MindSpore itself takes only an IP
+        os.environ["MS_SCHED_HOST"] = cluster.resolve_host(os.environ["MS_SCHED_HOST"], "MS_SCHED_HOST")
     comm_init(backend)
     if _BRIDGE is not None:
         _BRIDGE.joined()

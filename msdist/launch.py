@@ -80,8 +80,8 @@ def _build_parser() -> config.ArgumentParser:
     p.add_argument("--nnodes", type=int, default=1, help="number of nodes, each running one launcher [1]")
     p.add_argument("--node_rank", type=int, default=0, help="this node's index, 0..nnodes-1; node 0 hosts the "
                    "scheduler [0]")
-    p.add_argument("--master_addr", default="", help="address of node 0; required with --nnodes > 1 "
-                   "[127.0.0.1 on a single node]")
+    p.add_argument("--master_addr", default="", help="address or host name of node 0 (resolved once, here); "
+                   "required with --nnodes > 1 [127.0.0.1 on a single node]")
     p.add_argument("--master_port", type=int, default=0, help="scheduler port on node 0; required with --nnodes > 1 "
                    "[a free port]")
     p.add_argument("--max_restarts", type=int, default=0, help="restart all ranks with --resume auto after a "
@@ -116,7 +116,9 @@ def parse_args(argv: Optional[List[str]] = None) -> Plan:
     launcher_options = [o[2:] for o in parser._option_string_actions if o.startswith("--")]  # pylint: disable=protected-access
     cfg = config.parse(train_args, suggest_also=launcher_options)
     pipeline.per_rank_batch(cfg.batch_size, ns.nproc_per_node * ns.nnodes)
-    return Plan(ns.nproc_per_node, ns.nnodes, ns.node_rank, ns.master_addr or "127.0.0.1", ns.master_port,
+    # MindSpore's cluster accepts only literal IPs: a host name is resolved here, once, for every rank.
+    master_addr = cluster.resolve_host(ns.master_addr, "--master_addr") if ns.master_addr else "127.0.0.1"
+    return Plan(ns.nproc_per_node, ns.nnodes, ns.node_rank, master_addr, ns.master_port,
                 ns.max_restarts, ns.heartbeat_timeout, ns.startup_timeout, list(train_args),
                 os.path.abspath(cfg.output_dir), cfg.data_dir)
 

@@ -148,7 +148,7 @@ def background_jobs(tmp_path_factory):
                                    env={"MSDIST_FAULT_INJECT": "1:3:kill", "MAX_RESTARTS": "1"})
     # Two "nodes" on this machine: two launchers, one rank each, one job of world size 2.
     node_args = ["-n", "1", "--nnodes", "2", "--master_port", str(port)]
-    loopback = node_args + ["--master_addr", "127.0.0.1"]
+    loopback = node_args + ["--master_addr", "localhost"]   # a host name: resolved once by each launcher
     jobs["node1"] = Job(tmp, "node1", loopback + ["--node_rank", "1"], SHORT_ARGS, output_name="multinode")
     jobs["node0"] = Job(tmp, "node0", loopback + ["--node_rank", "0"], SHORT_ARGS, output_name="multinode")
     # The same across two network namespaces joined by a veth pair: the real network path.
@@ -231,6 +231,19 @@ def test_bad_train_option_fails_before_starting_anything(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "msdist: error: data_dir" in proc.stderr and "nowhere" in proc.stderr
     assert not os.path.exists(tmp_path / "out" / "logs")
+
+
+def test_master_addr_host_name_is_resolved_once_and_a_bad_one_is_named_at_once(tmp_path):
+    plan = launch.parse_args(["-n", "1", "--nnodes", "2", "--node_rank", "1", "--master_addr", "localhost",
+                              "--master_port", "29500", "--data_dir", str(tmp_path)])
+    assert plan.master_addr == "127.0.0.1"   # MindSpore's cluster takes only literal IPs
+    began = time.monotonic()
+    job = Job(tmp_path, "unresolvable", ["-n", "1", "--nnodes", "2", "--node_rank", "1", "--master_addr",
+                                         "no-such-host.invalid", "--master_port", "29500"], SHORT_ARGS)
+    assert job.wait(limit_s=30) == 2
+    assert time.monotonic() - began < 30
+    err = job.stderr()
+    assert err.count("\n") == 1 and "--master_addr 'no-such-host.invalid' does not resolve" in err, err
 
 
 def test_unknown_options_go_to_train(tmp_path):
@@ -413,6 +426,8 @@ def test_exception_reported_once_and_restart_budget_exhausted(background_jobs):
 
 def test_two_nodes_on_one_machine_form_one_job(background_jobs):
     _assert_one_job_of_two_nodes(background_jobs["node0"], background_jobs["node1"])
+    for node in ("node0", "node1"):
+        assert "--master_addr localhost resolves to 127.0.0.1" in background_jobs[node].stderr()
 
 
 def test_two_nodes_across_network_namespaces(background_jobs):

@@ -48,3 +48,24 @@ def test_msrun_two_workers_form_one_job(tmp_path):
     # Local rank and local size come from msrun (DEVICE_ID, --local_worker_num): the ranks split the cores.
     cores = [re.search(r"\| cores ([^|]*) \|", (out / "logs" / f"rank_{r}.log").read_text()).group(1) for r in (0, 1)]
     assert cores[0] != cores[1], cores
+
+
+@pytest.mark.multiprocess
+def test_mpirun_ms_sched_host_accepts_a_host_name_and_names_a_bad_one():
+    """MS_SCHED_HOST=<name> under plain mpirun: resolved once to an IP; an unknown name is one line, fast.
+
+    Also msdist.check under `--bind-to none`: each local rank binds to its own cores (it passed no
+    local_rank before, so both ranks took the first slice).
+    """
+    cmd = mpirun(2) + ["--bind-to", "none", sys.executable, "-m", "msdist.check"]
+    good = subprocess.run(cmd, cwd=REPO, env={**base_env(), "MS_SCHED_HOST": "localhost"}, capture_output=True,
+                          text=True, timeout=RUN_LIMIT_S)
+    assert good.returncode == 0, good.stdout[-2000:] + good.stderr[-2000:]
+    assert "MS_SCHED_HOST localhost resolves to 127.0.0.1" in good.stderr
+    cores = sorted(re.findall(r"cores ([\d,]+|not bound)", good.stdout))
+    assert len(cores) == 2 and (cores[0] != cores[1] or os.cpu_count() == 1), good.stdout
+    began = time.monotonic()
+    bad = subprocess.run(cmd, cwd=REPO, env={**base_env(), "MS_SCHED_HOST": "no-such-host.invalid"},
+                         capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    assert bad.returncode != 0 and time.monotonic() - began < 60
+    assert "msdist: error: MS_SCHED_HOST 'no-such-host.invalid' does not resolve" in bad.stderr, bad.stderr[-2000:]
