@@ -230,12 +230,13 @@ def should_finalize_mpi(launch: LaunchEnv, device_target: str) -> bool:
 
 # ---------------------------------------------------------------- addresses and ports
 
-def resolve_host(name: str, what: str) -> str:
+def resolve_host(name: str, what: str, retry_s: float = 0.0) -> str:
     """A literal IP for `name` (MindSpore's cluster accepts nothing else), resolved once.
 
     Args:
         name: an IP address or a host name.
         what: where the name came from, for messages (e.g. "--master_addr").
+        retry_s: keep trying this long (a peer's name may not be in DNS yet).
 
     Raises:
         ConfigError: the name does not resolve.
@@ -244,11 +245,16 @@ def resolve_host(name: str, what: str) -> str:
         return str(ipaddress.ip_address(name.strip("[]")))
     except ValueError:
         pass
-    try:
-        ip = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
-    except (socket.gaierror, UnicodeError, IndexError, OSError) as e:
-        raise ConfigError(f"{what} {name!r} does not resolve to an address ({e}); give an IP address or a "
-                          "host name every node can resolve") from None
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            ip = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+            break
+        except (socket.gaierror, UnicodeError, IndexError, OSError) as e:
+            if time.monotonic() >= deadline:
+                raise ConfigError(f"{what} {name!r} does not resolve to an address ({e}); give an IP address or a "
+                                  "host name every node can resolve") from None
+            time.sleep(1.0)
     _logger.info("%s %s resolves to %s", what, name, ip)
     print(f"msdist: {what} {name} resolves to {ip}", file=sys.stderr, flush=True)
     return ip
@@ -425,3 +431,40 @@ def shared_host_names(keys: Sequence[float], local_world_sizes: Sequence[int]) -
     for key in keys:
         counts[key] = counts.get(key, 0) + 1
     return [rank for rank, (key, local) in enumerate(zip(keys, local_world_sizes)) if counts[key] > local]
+
+
+# ---------------------------------------------------------------- failure reports
+
+SCHEDULER_PREFIX = "msdist.scheduler: "
+_MS_NODE_TIMEOUT_DEFAULT_S = 30  # MindSpore's documented default for MS_NODE_TIMEOUT
+_TIMED_OUT = re.compile(r"worker (\d+) is the first one timed out")
+
+
+def scheduler_verdict(log_path: str) -> str:
+    """The scheduler's one-line failure message from its log (see msdist.scheduler), or ""."""
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            lines = [line.strip() for line in f if line.startswith(SCHEDULER_PREFIX)]
+    except OSError:
+        return ""
+    return lines[-1][len(SCHEDULER_PREFIX):] if lines else ""
+
+
+def describe_timeout(verdict: str) -> str:
+    """Name the rank MindSpore's cluster timed out ("worker N is the first one timed out"), or ""."""
+    match = _TIMED_OUT.search(verdict)
+    if not match:
+        return ""
+    return (f"rank {match.group(1)} stopped responding: MindSpore's cluster heard no heartbeat from it within "
+            f"MS_NODE_TIMEOUT (stopped, hung, or its host is gone)")
+
+
+def node_timeout_s(env: Mapping[str, str]) -> float:
+    """MindSpore's scheduler-worker heartbeat timeout: MS_NODE_TIMEOUT, 30 s by default."""
+    return float(_int_env(env, "MS_NODE_TIMEOUT", _MS_NODE_TIMEOUT_DEFAULT_S))
+
+
+def rank_label(env: Mapping[str, str]) -> str:
+    """" (rank N)" for a process of a multi-rank job, from its launcher's variables, else ""."""
+    launch = detect_launch(env, parent=[])
+    return f" (rank {launch.rank})" if launch.world_size > 1 else ""

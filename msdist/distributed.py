@@ -13,15 +13,23 @@ The training loop never sees any of this: it gets a frozen `DistInfo`.
 import ctypes
 import logging
 import os
+import re
+import subprocess
+import sys
+import threading
+import time
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-from msdist import cluster
+from msdist import cluster, errors
 from msdist.cluster import LaunchEnv
 
 _logger = logging.getLogger(__name__)
+# What a rank's exception says when a collective could not complete because a peer is gone or stopped.
+_COLLECTIVE_FAILURE = re.compile(r"AllReduce|AllGather|ReduceScatter|Broadcast|[Cc]ollective|timed out")
+_VERDICT_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -75,16 +83,46 @@ class _ClusterBridge:
             if not cluster.is_local_address(host):
                 raise RuntimeError(f"rank 0 must host MindSpore's scheduler at {host}, but that is not an address of "
                                    "this node; set MS_SCHED_HOST to rank 0's node address")
-            self.scheduler = cluster.start_scheduler(host, port, launch.world_size,
-                                                     os.path.join(log_dir, "scheduler.log"))
+            log_path = os.path.join(log_dir, "scheduler.log")
+            self.scheduler = cluster.start_scheduler(host, port, launch.world_size, log_path)
+            threading.Thread(target=_fail_with_scheduler, args=(self.scheduler, log_path), name="msdist-scheduler-watch",
+                             daemon=True).start()
+            errors.add_crash_hook(self._await_scheduler_verdict)
         os.environ.update(cluster.cluster_env(host, port, launch.world_size), MS_ROLE="MS_WORKER",
                           MS_NODE_ID=str(launch.rank))
         cluster.wait_until_listening(host, port)
+
+    def _await_scheduler_verdict(self, error: Exception) -> None:
+        """A collective failed on rank 0: MindSpore's scheduler is about to name the rank it timed out
+        (then _fail_with_scheduler reports it and ends this process), so give it that long."""
+        if not _COLLECTIVE_FAILURE.search(str(error)):
+            return
+        try:
+            self.scheduler.wait(timeout=cluster.node_timeout_s(os.environ) + _VERDICT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            return
+        time.sleep(_VERDICT_GRACE_S)  # the watcher thread prints and exits the process meanwhile
 
     def joined(self) -> None:
         """Every worker has registered, so nobody needs the rendezvous file any more."""
         if self.published:
             cluster.remove_rendezvous(self.launch.job_id)
+
+
+def _fail_with_scheduler(proc, log_path: str) -> None:
+    """Rank 0 under mpirun/srun: when MindSpore's scheduler fails (it timed out a rank), say which rank
+    and why in one line and end this rank, so the launcher ends the job with that line last.
+
+    Without this the job ends ~MS_NODE_TIMEOUT later with only mpirun's "exited on signal 15" and
+    the cause in scheduler.log.
+    """
+    code = proc.wait()
+    if code == 0:
+        return
+    verdict = cluster.scheduler_verdict(log_path)
+    cause = cluster.describe_timeout(verdict) or verdict or f"MindSpore's scheduler exited with code {code}"
+    print(f"msdist: job failed: {cause} (scheduler log: {log_path})", file=sys.stderr, flush=True)
+    os._exit(1)  # pylint: disable=protected-access
 
 
 _BRIDGE: Optional[_ClusterBridge] = None

@@ -18,6 +18,7 @@ cluster init and compiler can hold the Python lock (and so silence the heartbeat
 while; from then on it is --heartbeat_timeout.
 """
 import ctypes
+import dataclasses
 import os
 import re
 import signal
@@ -34,6 +35,8 @@ from msdist.errors import ConfigError, cli_main
 _POLL_S = 0.5
 _TERM_GRACE_S = 4.0            # SIGTERM -> SIGKILL; keeps "all stopped" well under 15 s
 _PORT_RELEASE_S = 30.0         # an explicit port must come free again before a restart
+_SCHEDULER_VERDICT_S = 2.0     # how long a failed attempt waits for the scheduler's own account
+_RESOLVE_RETRY_S = 10.0        # nodes > 0: node 0's host name may appear in DNS a little after they start
 _TRACEBACK_LINES = 12
 _USER_ERROR_EXIT = 2             # msdist.errors.cli_main's status for a UserError
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
@@ -116,9 +119,7 @@ def parse_args(argv: Optional[List[str]] = None) -> Plan:
     launcher_options = [o[2:] for o in parser._option_string_actions if o.startswith("--")]  # pylint: disable=protected-access
     cfg = config.parse(train_args, suggest_also=launcher_options)
     pipeline.per_rank_batch(cfg.batch_size, ns.nproc_per_node * ns.nnodes)
-    # MindSpore's cluster accepts only literal IPs: a host name is resolved here, once, for every rank.
-    master_addr = cluster.resolve_host(ns.master_addr, "--master_addr") if ns.master_addr else "127.0.0.1"
-    return Plan(ns.nproc_per_node, ns.nnodes, ns.node_rank, master_addr, ns.master_port,
+    return Plan(ns.nproc_per_node, ns.nnodes, ns.node_rank, ns.master_addr or "127.0.0.1", ns.master_port,
                 ns.max_restarts, ns.heartbeat_timeout, ns.startup_timeout, list(train_args),
                 os.path.abspath(cfg.output_dir), cfg.data_dir)
 
@@ -323,6 +324,21 @@ def _pick_port(plan: Plan, attempt: int) -> int:
     return plan.master_port
 
 
+def _with_cluster_cause(failure: Failure, scheduler: Optional[subprocess.Popen], log_dir: str) -> Failure:
+    """On node 0, a local rank that died because MindSpore's cluster timed out a rank elsewhere: name
+    that rank too (the scheduler says which, right before it exits)."""
+    if scheduler is None or failure.rank is None or failure.how.startswith("killed"):
+        return failure  # a killed rank is the cause itself
+    try:
+        scheduler.wait(timeout=_SCHEDULER_VERDICT_S)
+    except subprocess.TimeoutExpired:
+        return failure
+    cause = cluster.describe_timeout(cluster.scheduler_verdict(os.path.join(log_dir, "scheduler.log")))
+    if cause:
+        failure.how = f"{failure.how}, after {cause}"
+    return failure
+
+
 def run_attempt(plan: Plan, train_args: List[str], attempt: int) -> Optional[Failure]:
     """Run every local rank to the end; return None on success or the first failure seen."""
     port = _pick_port(plan, attempt)
@@ -344,13 +360,16 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int) -> Optional[Fai
         while True:
             failures = [f for f in (_check_worker(w, plan) for w in workers) if f is not None]
             if failures:
-                return _first_cause(failures)
+                return _with_cluster_cause(_first_cause(failures), scheduler, plan.log_dir)
             if all(w.proc.poll() == 0 for w in workers):
                 # The work is done: the scheduler is stopped in `finally` without waiting for it, as
                 # ranks that skip MindSpore's teardown (runtime.exit_without_teardown) never unregister.
                 return None
             if scheduler is not None and scheduler.poll() not in (None, 0):
-                return Failure(None, f"exit code {scheduler.returncode} (see {plan.log_dir}/scheduler.log)")
+                log = os.path.join(plan.log_dir, "scheduler.log")
+                verdict = cluster.scheduler_verdict(log)
+                how = cluster.describe_timeout(verdict) or verdict or f"exit code {scheduler.returncode}"
+                return Failure(None, f"{how} (see {log})")
             time.sleep(_POLL_S)
     finally:
         _stop_all(workers, scheduler)
@@ -403,6 +422,10 @@ def _raise_stop(signum, _frame):
 def main(argv: Optional[List[str]] = None) -> int:
     plan = parse_args(argv)
     pipeline.check_data_dir(plan.data_dir)  # named once here, not by every rank after start-up
+    # MindSpore's cluster accepts only literal IPs: a host name is resolved here, once, for every rank.
+    # Other nodes may start before node 0's name is in DNS (Kubernetes), so they retry for a few seconds.
+    plan = dataclasses.replace(plan, master_addr=cluster.resolve_host(
+        plan.master_addr, "--master_addr", retry_s=_RESOLVE_RETRY_S if plan.node_rank else 0.0))
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
     try:

@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 
+from msdist import cluster
+
 _PR_SET_PDEATHSIG = 1
 _GRACE_AFTER_PARENT_S = 3.0
 _JOB_GONE_S = 3.0   # no worker connected and no sibling worker alive for this long: the job is over
@@ -49,7 +51,7 @@ def _run_scheduler() -> None:
     try:
         init()
     except RuntimeError as e:  # e.g. "The total number of timed out node is 1 ... worker 1 is the first one"
-        print(f"msdist.scheduler: MindSpore's scheduler failed: {describe_cluster_error(str(e))}", flush=True)
+        print(f"{cluster.SCHEDULER_PREFIX}MindSpore's scheduler failed: {describe_cluster_error(str(e))}", flush=True)
         sys.exit(1)
 
 
@@ -113,7 +115,6 @@ def serve_job(port: int) -> int:
     next to this process is alive, for a few seconds. A failed worker is reported by its launcher;
     the scheduler's own failure (before that) is its exit status, with the cause in its output.
     """
-    from msdist import cluster
     child = subprocess.Popen([sys.executable, "-m", "msdist.scheduler"],
                              env=dict(os.environ, **{_CHILD_FLAG: "1", "MSDIST_PARENT_PID": str(os.getpid())}))
     gone_since = None

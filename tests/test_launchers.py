@@ -15,7 +15,6 @@ import time
 import pytest
 
 from conftest import REAL_DATA, REPO, base_env, mpirun, tiny_args
-from msdist import heartbeat
 
 RUN_LIMIT_S = 300
 
@@ -69,3 +68,45 @@ def test_mpirun_ms_sched_host_accepts_a_host_name_and_names_a_bad_one():
                          capture_output=True, text=True, timeout=RUN_LIMIT_S)
     assert bad.returncode != 0 and time.monotonic() - began < 60
     assert "msdist: error: MS_SCHED_HOST 'no-such-host.invalid' does not resolve" in bad.stderr, bad.stderr[-2000:]
+
+
+def _mpirun_train(tmp_path, name, fault, extra_env=None):
+    """Plain `mpirun -n 2 msdist.train` (CPU bridge) with a fault injected into rank 1; (proc, seconds)."""
+    env = {**base_env(), "MSDIST_FAULT_INJECT": fault, **(extra_env or {})}
+    began = time.monotonic()
+    proc = subprocess.run(mpirun(2) + [sys.executable, "-m", "msdist.train",
+                                       *tiny_args(REAL_DATA, tmp_path / name, "--max_steps", "30")],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    return proc, time.monotonic() - began
+
+
+def _last_msdist_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.startswith("msdist")]
+    return lines[-1] if lines else ""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_mpirun_stopped_rank_is_named_by_the_cluster_timeout(tmp_path):
+    """SIGSTOP of rank 1 under plain mpirun: MindSpore's scheduler times it out (MS_NODE_TIMEOUT, shortened
+    to 10 s here), and rank 0 ends the job with one line naming rank 1 and the cause."""
+    proc, seconds = _mpirun_train(tmp_path, "stopped", "1:3:stop", {"MS_NODE_TIMEOUT": "10"})
+    assert proc.returncode != 0
+    last = _last_msdist_line(proc.stderr)
+    assert "msdist: job failed: rank 1 stopped responding" in last and "MS_NODE_TIMEOUT" in last, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr.split(last)[-1]
+    # The scheduler's own account is one line too, not a traceback.
+    with open(tmp_path / "stopped" / "logs" / "scheduler.log", encoding="utf-8") as f:
+        sched = [line for line in f if line.startswith("msdist.scheduler:")]
+    assert len(sched) == 1 and "worker 1 is the first one timed out" in sched[0], sched
+
+
+@pytest.mark.multiprocess
+def test_mpirun_failed_rank_is_named(tmp_path):
+    """An exception in rank 1: the last msdist line says which rank and what; kill -9: mpirun names it."""
+    proc, _ = _mpirun_train(tmp_path, "raised", "1:3:raise")
+    assert proc.returncode != 0
+    last = _last_msdist_line(proc.stderr)
+    assert "RuntimeError: injected fault on rank 1" in last and "(rank 1)" in last, proc.stderr[-3000:]
+    proc, seconds = _mpirun_train(tmp_path, "killed", "1:3:kill")
+    assert proc.returncode != 0 and "rank 1" in proc.stderr and "signal 9" in proc.stderr, proc.stderr[-3000:]
