@@ -98,6 +98,29 @@ def _pair(tmp, name, hosts, launcher_args, env=None):
     return jobs
 
 
+def _mpirun_across(tmp, hosts) -> Job:
+    """`mpirun -n 2` from host a over both hosts: OpenMPI's rsh agent is `ip netns exec` instead of ssh."""
+    agent = os.path.join(str(tmp), "netns-agent")
+    cases = "\n".join(f"  {addr}) ns={ns};;" for ns, addr in hosts)
+    with open(agent, "w", encoding="utf-8") as f:
+        # OpenMPI calls the agent like ssh: host, then the remote command as words of one shell line.
+        f.write(f'#!/bin/sh\nhost=$1; shift\ncase "$host" in\n{cases}\n  *) exit 1;;\nesac\n'
+                'exec ip netns exec "$ns" sh -c "$*"\n')
+    os.chmod(agent, 0o755)
+    hostfile = os.path.join(str(tmp), "hostfile")
+    with open(hostfile, "w", encoding="utf-8") as f:
+        f.write("".join(f"{addr} slots=1\n" for _, addr in hosts))
+    (ns0, addr0), _ = hosts
+    # The CPU bridge: rank 0 (host a) starts MindSpore's scheduler at MS_SCHED_HOST, the other host joins.
+    env = {"MS_SCHED_HOST": addr0, "MS_SCHED_PORT": str(_free_port()), "OMPI_ALLOW_RUN_AS_ROOT": "1",
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    forward = [a for name in ("PYTHONPATH", "PATH", "MS_SCHED_HOST", "MS_SCHED_PORT", "MSDIST_TEST_TAG")
+               for a in ("-x", name)]
+    command = ["ip", "netns", "exec", ns0, "mpirun", "-n", "2", "--hostfile", hostfile,
+               "--mca", "plm_rsh_agent", agent, *forward, sys.executable, "-m", "msdist.train"]
+    return Job(tmp, "mpirun", [], ARGS, env=env, command=command)
+
+
 def _kill_when(job, rank, step) -> dict:
     """SIGKILL `rank` once it reports global step `step` (from a thread: other tests run meanwhile)."""
     record = {}
@@ -121,11 +144,14 @@ def runs(hosts, tmp_path_factory):
                "pair": _pair(tmp, "pair", hosts, []),
                "killed": _pair(tmp, "killed", hosts, [], env=NODE_TIMEOUT),
                "restarted": _pair(tmp, "restarted", hosts, ["--max_restarts", "1"], env=NODE_TIMEOUT)}
+    if shutil.which("mpirun"):
+        started["mpirun"] = _mpirun_across(tmp, hosts)
     started["kills"] = {"killed": _kill_when(started["killed"][1], 1, 3),
                         # epoch 2 (12 steps per epoch): the epoch-1 checkpoint exists to resume from
                         "restarted": _kill_when(started["restarted"][1], 1, 14)}
     yield started
-    for job in [started["one_host"], *(j for key in ("pair", "killed", "restarted") for j in started[key].values())]:
+    for job in [started["one_host"], *(j for key in ("pair", "killed", "restarted") for j in started[key].values()),
+                *([started["mpirun"]] if "mpirun" in started else [])]:
         if job.proc.poll() is None:
             job.proc.kill()
             job.proc.wait()
@@ -179,3 +205,13 @@ def test_max_restarts_recovers_across_both_hosts(runs):
         assert json.load(f)["world_size"] == 2
     with open(os.path.join(job_a.output_dir, "logs", "rank_1.log"), encoding="utf-8") as f:
         assert "resumed from" in f.read()
+
+
+def test_mpirun_across_both_hosts_with_an_ip_netns_rsh_agent(runs):
+    if "mpirun" not in runs:
+        pytest.skip("mpirun is not installed")
+    job = runs["mpirun"]
+    assert job.wait() == 0, job.stderr()
+    with open(os.path.join(job.output_dir, "result.json"), encoding="utf-8") as f:
+        assert json.load(f)["world_size"] == 2
+    assert job.leftovers() == []
