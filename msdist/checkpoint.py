@@ -171,7 +171,7 @@ def load(path: str, expected: Dict[str, tuple], optional_prefixes: tuple = ()) -
     try:
         raw = ms.load_checkpoint(path, format="safetensors" if path.endswith(".safetensors") else "ckpt")
     except Exception as e:  # noqa: BLE001 - MindSpore raises several types for unreadable files
-        raise CheckpointError(f"cannot read checkpoint {path}: {first_line(e)}") from None
+        raise CheckpointError(f"cannot read checkpoint {path}: {first_line(str(e)) or type(e).__name__}") from None
     state = {k: _scalar(raw.pop(_STATE_PREFIX + k)) for k in STATE_KEYS if _STATE_PREFIX + k in raw}
     for name in [n for n in raw if n not in expected and n.startswith(optional_prefixes)]:
         del raw[name]

@@ -246,6 +246,7 @@ def train(started: startup.Started) -> int:
     result = _result(cfg, dist, data, model, metrics, watch.timer, at.global_step, train_seconds, train_start)
     if dist.is_main:
         _write_result(cfg, result, saver.newest)
+    distributed.finish(launch, dist, collectives)
     return 0
 
 
