@@ -283,7 +283,7 @@ def _read_raw(path: str, choice_func=None) -> Dict:
         return ms.load_checkpoint(path, format="safetensors" if path.endswith(".safetensors") else "ckpt",
                                   choice_func=choice_func)
     except Exception as e:  # noqa: BLE001 - MindSpore raises several types for unreadable files
-        raise CheckpointError(f"cannot read checkpoint {path}: {first_line(e)}") from None
+        raise CheckpointError(f"cannot read checkpoint {path}: {first_line(str(e)) or type(e).__name__}") from None
 
 
 def _scalar(value):

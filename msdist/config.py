@@ -183,7 +183,7 @@ def _load_yaml(path: str) -> dict:
     # ValueError: bad bytes (UnicodeDecodeError) or an impossible value such as the date 2020-13-45;
     # RecursionError: absurdly deep nesting.
     except (yaml.YAMLError, ValueError, OverflowError, RecursionError) as e:
-        raise ConfigError(f"config file {path!r} is not valid YAML ({first_line(e)}); fix the syntax") from None
+        raise ConfigError(f"config file {path!r} is not valid YAML ({first_line(str(e)) or type(e).__name__}); fix the syntax") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -2,6 +2,7 @@
 import contextlib
 import functools
 import logging
+import os
 import sys
 
 # Configured by monitor.setup_logging to reach the rank's log file only, never the console.
@@ -17,12 +18,6 @@ class UserError(Exception):
     alike = False
 
 
-def first_line(e: BaseException) -> str:
-    """The first line of an exception's message, or its type name when it has none."""
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
 @contextlib.contextmanager
 def alike_on_every_rank():
     """Mark the UserErrors raised inside as ones every rank finds alike (deterministic checks of shared inputs)."""
@@ -35,7 +30,7 @@ def alike_on_every_rank():
 
 def _reports_for_its_host() -> bool:
     """Rank 0, and local rank 0 of every other host (whose files may differ from rank 0's)."""
-    from msdist.distributed import detect_launch  # environment only, no MindSpore
+    from msdist.cluster import detect_launch  # environment only, no MindSpore
     launch = detect_launch()
     if launch.rank == 0:
         return True
@@ -52,6 +47,24 @@ class DataError(UserError, ValueError):
 
 class CheckpointError(UserError):
     """A checkpoint that cannot be used."""
+
+
+# Called with the exception before a crash is reported; one may end the process with a better account
+# (distributed: rank 0 waits for MindSpore's scheduler to name the rank its cluster timed out).
+_CRASH_HOOKS = []
+
+
+def add_crash_hook(hook) -> None:
+    _CRASH_HOOKS.append(hook)
+
+
+def first_line(message: str) -> str:
+    """The first informative line of an error message (MindSpore's start with rulers and headings)."""
+    for line in message.splitlines():
+        line = line.strip()
+        if any(c.isalnum() for c in line) and not line.startswith("- "):
+            return line
+    return ""
 
 
 def cli_main(func):
@@ -78,9 +91,13 @@ def cli_main(func):
             raise SystemExit(130) from None
         except Exception as e:  # noqa: BLE001 - the last line of defence for a CLI
             _crash_logger.exception("unhandled error")
+            for hook in _CRASH_HOOKS:
+                hook(e)
             where = next((h.baseFilename for h in _crash_logger.handlers if hasattr(h, "baseFilename")), None)
+            first = first_line(str(e))
             hint = f"; full traceback in {where}" if where else ""
-            print(f"msdist: {type(e).__name__}: {first_line(e)}{hint}", file=sys.stderr, flush=True)
+            from msdist.cluster import rank_label  # under mpirun the console mixes every rank's lines
+            print(f"msdist: {type(e).__name__}: {first}{rank_label(os.environ)}{hint}", file=sys.stderr, flush=True)
             if where is None:
                 raise
             raise SystemExit(1) from None

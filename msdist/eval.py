@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     cfg = started.cfg
     # Its own log file: evaluating a run's checkpoint must not append to that run's training logs.
     dist, collectives = startup.join(started, os.path.join(cfg.output_dir, "logs"), log_name="eval_rank")
-    from msdist import checkpoint, engine
+    from msdist import checkpoint, distributed, engine
     from msdist.data import check as data_check
     from msdist.data import pipeline
 
@@ -123,6 +123,7 @@ def main(argv=None) -> int:
                                     files=[("result", path), ("checkpoint", cfg.ckpt),
                                            ("log", os.path.join(cfg.output_dir, "logs", "eval_rank_0.log"))]),
               flush=True)
+    distributed.finish(started.launch, dist, collectives)
     return runtime.exit_without_teardown(0)
 
 

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Sequence, Tuple
 
-from msdist import config, distributed, runtime
+from msdist import cluster, config, distributed, runtime
 from msdist.data import pipeline
 from msdist.errors import ConfigError, alike_on_every_rank
 
@@ -26,7 +26,7 @@ Check = Callable[[argparse.Namespace, int], None]  # (config, world size) -> rai
 @dataclass(frozen=True)
 class Started:
     cfg: argparse.Namespace
-    launch: distributed.LaunchEnv
+    launch: cluster.LaunchEnv
     rt: runtime.RuntimeInfo
 
 
@@ -100,10 +100,15 @@ def start(argv=None, *, options: Sequence[config.Option] = config.TRAIN_OPTIONS,
           checks: Sequence[Check] = TRAIN_CHECKS, compile_cache: bool = False) -> Started:
     """Steps 1-4: parse, check without MindSpore, set the runtime environment. MindSpore is not loaded yet.
 
+    A process that msrun started as MindSpore's scheduler (MS_ROLE=MS_SCHED) serves as the scheduler
+    here and exits with the job.
+
     Raises:
         UserError: any mistake `checks` find (reported as one line, exit status 2, by `errors.cli_main`).
     """
-    launch = distributed.detect_launch()
+    launch = cluster.detect_launch()
+    if launch.kind == "scheduler":  # msrun starts this same command as MindSpore's scheduler too
+        raise SystemExit(distributed.run_scheduler_role(launch))
     with alike_on_every_rank():  # the same options and files on every rank: one rank per host reports
         cfg = config.parse(argv, options, prog=prog)
     run_checks(cfg, launch.world_size, checks)

@@ -275,6 +275,7 @@ def train(started: startup.Started) -> int:
     result = _result(cfg, dist, data, model, metrics, watch.timer, at.global_step, train_seconds, train_start)
     if dist.is_main:
         _write_result(cfg, result, saver.newest)
+    distributed.finish(launch, dist, collectives)
     return 0
 
 
@@ -282,7 +283,8 @@ def _result(cfg, dist, data: Data, model: Model, metrics: dict, timer, global_st
             train_start: float) -> dict:
     """result.json: the job's one evaluation and how the run went."""
     first = timer.first_step_s or 0.0
-    return {**metrics, "classes": sorted(data.classes, key=data.classes.get), "world_size": dist.world_size, "epochs": cfg.epochs,
+    return {**metrics, "classes": sorted(data.classes, key=data.classes.get), "world_size": dist.world_size,
+            "epochs": cfg.epochs,
             "global_steps": global_steps, "global_batch": cfg.batch_size, "per_rank_batch": data.per_rank_batch,
             "train_seconds": round(train_seconds, 3), "images_per_sec": round(timer.images_per_sec(), 3),
             "first_step_seconds": round(first, 3), "compile_seconds": round(model.compile_seconds, 3),

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from conftest import (REPO, TINY_CONFIG, base_env, checkpoints, load_params, mpirun, run_msdist, tiny_args)
-from msdist import checkpoint, config, distributed, optim, startup
+from msdist import checkpoint, config, optim, startup
 from msdist.data import pipeline
 from msdist.errors import ConfigError, DataError
 
@@ -75,26 +75,6 @@ def test_lr_schedules_with_warmup():
     assert step[3] == pytest.approx(0.1) and step[4] == pytest.approx(0.01) and step[8] == pytest.approx(0.001)
     cos = optim.lr_schedule("cosine", 0.1, epochs=4, steps_per_epoch=5, min_lr=0.0)
     assert cos[0] == pytest.approx(0.1) and cos[-1] < 0.002 and np.all(np.diff(cos) <= 0)
-
-
-def test_device_backend_and_launch_choice():
-    assert distributed.choose_device_target("auto", has_gpu=True) == "GPU"
-    assert distributed.choose_device_target("auto", has_gpu=False) == "CPU"
-    assert distributed.choose_device_target("CPU", has_gpu=True) == "CPU"
-    with pytest.raises(ConfigError, match="GPU backend is not usable"):
-        distributed.choose_device_target("GPU", has_gpu=False)
-    assert distributed.backend_for("GPU") == "nccl" and distributed.backend_for("CPU") == "mccl"
-    mpi = distributed.detect_launch({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3",
-                                     "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-                                     "OMPI_MCA_ess_base_jobid": "77"})
-    assert (mpi.kind, mpi.rank, mpi.world_size, mpi.local_rank, mpi.local_world_size, mpi.job_id) == \
-        ("mpirun", 3, 4, 1, 2, "77")
-    # GPU keeps MindSpore's own OpenMPI path; CPU must bridge to the dynamic cluster.
-    assert distributed.needs_cluster_bridge(mpi, "CPU") and not distributed.needs_cluster_bridge(mpi, "GPU")
-    cluster = distributed.detect_launch({"MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "2", "MS_NODE_ID": "1"})
-    assert (cluster.kind, cluster.rank, cluster.world_size) == ("cluster", 1, 2)
-    assert not distributed.needs_cluster_bridge(cluster, "CPU")
-    assert distributed.detect_launch({}).kind == "standalone"
 
 
 def test_class_map_stays_aligned_when_test_lacks_a_class(tmp_path, data_dir):

@@ -234,7 +234,8 @@ def test_backbone_lr_scale_groups():
     import mindspore as ms
     from msdist import optim
     params = [ms.Parameter(ms.Tensor(np.ones(shape, np.float32)), name=name)
-              for name, shape in (("conv.weight", (2, 2)), ("bn.gamma", (2,)), ("fc.weight", (3, 2)), ("fc.bias", (3,)))]
+              for name, shape in (("conv.weight", (2, 2)), ("bn.gamma", (2,)), ("fc.weight", (3, 2)),
+                                  ("fc.bias", (3,)))]
     lrs = np.array([0.1, 0.2], np.float32)
     groups = optim.param_groups(params, 1e-4, lrs, backbone_lr_scale=0.1)
     by_name = {p.name: (g["lr"].asnumpy(), g["weight_decay"]) for g in groups for p in g["params"]}
