@@ -7,7 +7,7 @@ Training tree and the training config are not needed.
 import os
 from typing import Dict, Sequence, Tuple
 
-from msdist import checkpoint, distributed, runtime
+from msdist import checkpoint, cluster, distributed, runtime
 from msdist.config import ArgumentParser, boolean
 from msdist.data import pipeline
 
@@ -38,7 +38,7 @@ def cli_parser(prog: str, description: str) -> ArgumentParser:
 def start(device_target: str = "auto", verbose: bool = False, cpu_isa: str = "auto") -> None:
     """Set up one standalone process for inference (environment first, then MindSpore's context)."""
     rt = runtime.prepare(verbose, cpu_isa, 1, bind_cores=False)
-    distributed.init(distributed.detect_launch({}), device_target, log_dir="")
+    distributed.init(cluster.detect_launch({}), device_target, log_dir="")  # always one process
     runtime.configure_mindspore(rt)
 
 
