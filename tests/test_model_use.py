@@ -102,7 +102,7 @@ def test_export_onnx_on_cpu(trained_ckpt, data_dir, tmp_path):
     ort = pytest.importorskip("onnxruntime")  # not a dependency: the numbers are checked where it is installed
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     got = session.run(None, {session.get_inputs()[0].name: images})[0]
-    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
 
 
 def _save(directory, epoch, accuracy=None):
