@@ -17,7 +17,8 @@ setup(
     # mindspore is not pinned: its wheels are device-specific (CPU / GPU / Ascend builds).
     install_requires=["mindspore", "numpy", "scipy", "pillow", "pyyaml"],
     extras_require={
-        "test": ["pytest", "hypothesis", "tensorboard"],  # tensorboard: its event reader checks our files
+        # tensorboard: its event reader checks our files; onnxruntime: runs the exported ONNX model
+        "test": ["pytest", "hypothesis", "tensorboard", "onnxruntime"],
         "tensorboard": ["tensorboardX"],
         "report": ["matplotlib"],
         "bench": ["torch==2.13.0"],  # benchmarks/throughput.py's PyTorch reference row
