@@ -1,18 +1,18 @@
-"""ImageFolder data: one class map, exact sharding, deterministic augmentation.
+"""ImageFolder data: the class map, the file listing, and MindSpore's C++ reading/transform chain.
 
-Why an explicit file list and sampler instead of `ds.ImageFolderDataset(num_shards, shard_id)`:
+Three separate things:
 
-* labels must come from one class->index map built from Training/ and reused for Test/, so a class
-  missing from Test cannot shift labels;
-* evaluation must see every Test image exactly once over all ranks (MindSpore's DistributedSampler
-  pads shards by repeating samples);
-* N ranks must train on exactly the single-card batches: at global step s the N shards together
-  are the single-card batch s. `train_indices` guarantees it by cutting one per-epoch permutation
-  (same seed on every rank) into global batches and dealing each batch out by rank;
-* augmentation is a pure function of (seed, epoch, sample), so it is the same on 1 or N cards and
-  after a restart, whatever the worker scheduling.
+* the class map (`class_map`): labels come from one class->index map built from Training/ and reused
+  for Test/, so a class missing from Test cannot shift labels;
+* the index plan (`msdist.data.plan`, pure Python): which sample each rank reads at each step and
+  with which augmentation parameters;
+* the chain (`build_train_dataset`, `build_eval_dataset`): MindSpore's `ImageFolderDataset` reads and
+  decodes in C++ worker threads, in exactly the plan's order (a `SubsetSampler` over the reader's own
+  file positions), and C++ ops resize and normalize. The per-sample crop/flip, which no C++ op can take
+  as per-row parameters, is one NumPy call per batch (`msdist.data.augment`).
 
-Decoding, resizing and normalizing still run in MindSpore's C++ dataset engine.
+Why not `ImageFolderDataset(num_shards, shard_id)`: its DistributedSampler pads shards by repeating
+samples, and its shards are not the single-card batches.
 """
 import os
 from dataclasses import dataclass
@@ -20,6 +20,11 @@ from typing import Dict, Iterable, Sequence, Tuple
 
 import numpy as np
 
+from msdist.data import plan
+from msdist.data.augment import pad_crop_flip, pad_crop_flip_batch  # noqa: F401  (pad_crop_flip: re-exported)
+# The plan's public names, re-exported: callers that know only the pipeline keep working.
+from msdist.data.plan import (augment_params, epoch_permutation, eval_indices, per_rank_batch,  # noqa: F401
+                              steps_per_epoch, train_indices)
 from msdist.errors import DataError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp")
@@ -30,9 +35,18 @@ TRAIN_SPLIT, TEST_SPLIT = "Training", "Test"
 
 @dataclass(frozen=True)
 class Split:
+    """The usable images of one split, in a fixed order, and where MindSpore's reader finds them.
+
+    `positions[i]` is file i's index in `ImageFolderDataset(root, class_indexing=classes,
+    extensions=extensions)`, which lists every image, including the ones msdist leaves out.
+    """
     files: Tuple[str, ...]
     labels: Tuple[int, ...]
     ignored: int = 0   # non-image files passed over
+    root: str = ""
+    positions: Tuple[int, ...] = ()
+    extensions: Tuple[str, ...] = ()
+    classes: Tuple[Tuple[str, int], ...] = ()
 
     def __len__(self) -> int:
         return len(self.files)
@@ -82,141 +96,128 @@ def list_split(data_dir: str, split: str, classes: Dict[str, int], exclude: Iter
         raise DataError(f"{root} has classes unknown to {TRAIN_SPLIT}/: {', '.join(unknown)}; "
                         f"add them to {TRAIN_SPLIT}/ or remove them from {split}/")
     skip = set(exclude)
-    files, labels, ignored = [], [], 0
+    files, labels, positions, extensions, ignored, listed = [], [], [], set(), 0, 0
     for name in present:
         folder = os.path.join(root, name)
+        # Sorted by name like MindSpore's ImageFolder reader (folders and files), so a file's position
+        # in this walk is its index there.
         for fname in sorted(os.listdir(folder)):
             path = os.path.join(folder, fname)
             if not is_image(fname):
                 ignored += 1
-            elif path not in skip:
+                continue
+            if path not in skip:
                 files.append(path)
                 labels.append(classes[name])
+                positions.append(listed)
+            listed += 1
+            extensions.add(os.path.splitext(fname)[1])
     if not files:
         raise DataError(f"{root} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
-    return Split(tuple(files), tuple(labels), ignored)
+    return Split(tuple(files), tuple(labels), ignored, root, tuple(positions), tuple(sorted(extensions)),
+                 tuple(sorted(classes.items(), key=lambda kv: kv[1])))
 
 
-def steps_per_epoch(num_samples: int, global_batch: int) -> int:
-    """Full global batches per epoch; the remainder is dropped, as on a single card."""
-    return num_samples // global_batch
 
 
-def per_rank_batch(global_batch: int, world_size: int) -> int:
-    if global_batch % world_size:
-        raise DataError(f"batch_size {global_batch} is the global batch and must divide evenly over "
-                        f"{world_size} ranks; use a multiple of {world_size}, e.g. "
-                        f"{max(world_size, global_batch // world_size * world_size)}")
-    return global_batch // world_size
+def _reader(split: Split, samples: np.ndarray, workers: int):
+    """MindSpore's C++ ImageFolder reader over `samples` (indices into `split`), decoding, in that order."""
+    import mindspore.dataset as ds
+
+    # SubsetSampler keeps the given order (SubsetRandomSampler would shuffle it), and the engine
+    # delivers rows in sampler order whatever the number of workers.
+    sampler = ds.SubsetSampler([split.positions[i] for i in samples.tolist()])
+    return ds.ImageFolderDataset(split.root, class_indexing=dict(split.classes), extensions=list(split.extensions),
+                                 sampler=sampler, decode=True, num_parallel_workers=workers)
 
 
-def epoch_permutation(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """The single-card sample order of one epoch; identical on every rank."""
-    if not shuffle:
-        return np.arange(num_samples)
-    return np.random.default_rng([seed, epoch]).permutation(num_samples)
+def _normalize(hwc: bool = True):
+    from mindspore.dataset import vision
+    return vision.Normalize(MEAN, STD, is_hwc=hwc)
 
 
-def train_indices(num_samples: int, global_batch: int, epoch: int, seed: int, shuffle: bool,
-                  world_size: int, rank: int) -> np.ndarray:
-    """This rank's samples for one epoch, in order.
+class Batches:
+    """A built MindSpore dataset of batches whose read/decode failures name the file.
 
-    Rank r takes every N-th sample of the epoch's order starting at r. Because the per-rank batch is
-    B/N, its step-s batch is positions s*B + r, s*B + r + N, ... < (s+1)*B: the N ranks' step-s
-    batches are exactly the single-card step-s batch.
+    A file that breaks after the data check (or was never checked) makes MindSpore's C++ reader
+    raise a multi-page RuntimeError; iteration turns it into one DataError line naming the file.
     """
-    used = epoch_permutation(num_samples, seed, epoch, shuffle)[: steps_per_epoch(num_samples, global_batch)
-                                                                 * global_batch]
-    return used[rank::world_size]
+
+    def __init__(self, dataset, files: Sequence[str]):
+        self.dataset, self.files = dataset, files
+
+    def get_dataset_size(self) -> int:
+        return self.dataset.get_dataset_size()
+
+    def create_tuple_iterator(self, **kwargs):
+        iterator = self.dataset.create_tuple_iterator(**kwargs)
+        while True:
+            try:
+                row = next(iterator)
+            except StopIteration:
+                return
+            except RuntimeError as e:
+                raise _read_error(str(e), self.files) from None
+            yield row
 
 
-def eval_indices(num_samples: int, world_size: int, rank: int) -> np.ndarray:
-    """Every sample exactly once over all ranks: no padding, nothing dropped."""
-    return np.arange(rank, num_samples, world_size)
+def _read_error(message: str, files: Sequence[str]) -> DataError:
+    named = [f for f in files if f in message]
+    if named:
+        return DataError(f"cannot read image {named[0]}: the file is corrupt or unreadable; run "
+                         "`python -m msdist.data check DIR` and fix or remove it (or pass --bad_images skip)")
+    reason = next((line.strip() for line in message.splitlines() if "rror" in line and line.strip()), "")
+    return DataError(f"the data pipeline failed ({reason[:200] or 'no reason given'}); run "
+                     "`python -m msdist.data check DIR`")
 
 
-def augment_params(seed: int, epoch: int, index: int, padding: int) -> np.ndarray:
-    """(dy, dx, flip) for one sample: a pure function, so every rank and every restart agree."""
-    rng = np.random.default_rng([seed, epoch, index, 0x5A])
-    dy, dx = rng.integers(0, 2 * padding + 1, size=2)
-    return np.array([dy, dx, rng.integers(0, 2)], dtype=np.int32)
+class _CropFlip:
+    """per_batch_map: the plan's crop/flip of each sample of batch k, and a check of the labels."""
 
+    def __init__(self, plan: np.ndarray, labels: np.ndarray, seed: int, epoch: int, padding: int):
+        self.plan, self.labels, self.seed, self.epoch, self.padding = plan, labels, seed, epoch, padding
 
-def pad_crop_flip(image: np.ndarray, params: np.ndarray, padding: int) -> np.ndarray:
-    """Random crop at the training resolution from a zero-padded image, then optional mirror."""
-    h, w = image.shape[:2]
-    dy, dx, flip = (int(v) for v in params)
-    if padding:
-        image = np.pad(image, ((padding, padding), (padding, padding), (0, 0)))[dy:dy + h, dx:dx + w]
-    return np.ascontiguousarray(image[:, ::-1] if flip else image)
-
-
-class _TrainSource:
-    """Random-access source: encoded bytes, label and this epoch's augmentation parameters."""
-
-    def __init__(self, split: Split, seed: int, epoch: int, padding: int):
-        self.split, self.seed, self.epoch, self.padding = split, seed, epoch, padding
-
-    def __len__(self):
-        return len(self.split)
-
-    def __getitem__(self, index):
-        return (np.fromfile(self.split.files[index], dtype=np.uint8), np.array(self.split.labels[index], dtype=np.int32),
-                augment_params(self.seed, self.epoch, int(index), self.padding))
-
-
-class _EvalSource:
-    def __init__(self, split: Split):
-        self.split = split
-
-    def __len__(self):
-        return len(self.split)
-
-    def __getitem__(self, index):
-        return np.fromfile(self.split.files[index], dtype=np.uint8), np.array(self.split.labels[index], dtype=np.int32)
-
-
-def _decode_resize(image_size: int):
-    from mindspore.dataset import vision
-    return [vision.Decode(), vision.Resize((image_size, image_size))]
-
-
-def _normalize():
-    from mindspore.dataset import vision
-    return [vision.Normalize(MEAN, STD), vision.HWC2CHW()]
+    def __call__(self, images, labels, info):
+        step = info.get_batch_num()
+        if not np.array_equal(np.asarray(labels).reshape(-1), self.labels[step]):
+            # The reader's file order disagrees with msdist's listing: never train on wrong labels.
+            raise DataError("MindSpore's ImageFolder reader listed the files in another order than msdist")
+        params = plan.augment_params(self.seed, self.epoch, self.plan[step], self.padding)
+        return pad_crop_flip_batch(np.stack(images), params, self.padding), np.stack(labels)
 
 
 def build_train_dataset(split: Split, *, batch_size: int, image_size: int, epoch: int, seed: int,
                         shuffle: bool, augment: bool, padding: int, world_size: int, rank: int,
-                        global_batch: int, workers: int, skip_steps: int = 0):
+                        global_batch: int, workers: int, skip_steps: int = 0) -> Batches:
     """One epoch of this rank's training batches (images NCHW float32, labels int32).
 
     `skip_steps` drops the epoch's first batches, for an exact resume in the middle of an epoch.
     """
-    import mindspore.dataset as ds
+    from mindspore.dataset import vision
 
-    indices = train_indices(len(split), global_batch, epoch, seed, shuffle, world_size, rank)[skip_steps * batch_size:]
-    data = ds.GeneratorDataset(_TrainSource(split, seed, epoch, padding), ["image", "label", "aug"],
-                               sampler=indices.tolist(), num_parallel_workers=1, python_multiprocessing=False)
-    data = data.map(_decode_resize(image_size), input_columns="image", num_parallel_workers=workers)
+    samples = plan.train_indices(len(split), global_batch, epoch, seed, shuffle, world_size, rank)
+    steps = samples[skip_steps * batch_size:].reshape(-1, batch_size)
+    data = _reader(split, steps.reshape(-1), workers)
+    data = data.map([vision.Resize((image_size, image_size)), vision.HWC2CHW()], input_columns="image",
+                    num_parallel_workers=workers)
     if augment:
-        data = data.map(lambda img, aug: pad_crop_flip(img, aug, padding), input_columns=["image", "aug"],
-                        output_columns=["image"], num_parallel_workers=workers)
-    data = data.map(_normalize(), input_columns="image", num_parallel_workers=workers)
-    return data.project(["image", "label"]).batch(batch_size, drop_remainder=True)
+        crop_flip = _CropFlip(steps, np.asarray(split.labels)[steps], seed, epoch, padding)
+        # One Python call per batch; a single worker, as threads would only queue for the GIL.
+        data = data.batch(batch_size, drop_remainder=True, per_batch_map=crop_flip,
+                          input_columns=["image", "label"], num_parallel_workers=1)
+    else:
+        data = data.batch(batch_size, drop_remainder=True)
+    data = data.map(_normalize(hwc=False), input_columns="image", num_parallel_workers=workers)
+    return Batches(data, [split.files[i] for i in steps.reshape(-1)])
 
 
 def build_eval_dataset(split: Split, *, batch_size: int, image_size: int, world_size: int, rank: int,
-                       workers: int):
+                       workers: int) -> Batches:
     """This rank's evaluation shard, in batches; the last batch may be short."""
-    import mindspore.dataset as ds
+    from mindspore.dataset import vision
 
-    indices = eval_indices(len(split), world_size, rank)
-    data = ds.GeneratorDataset(_EvalSource(split), ["image", "label"], sampler=indices.tolist(),
-                               num_parallel_workers=1, python_multiprocessing=False)
-    data = data.map(_decode_resize(image_size) + _normalize(), input_columns="image", num_parallel_workers=workers)
-    return data.batch(batch_size, drop_remainder=False)
-
-
-def shard_sizes(num_samples: int, world_size: int) -> Sequence[int]:
-    return [len(eval_indices(num_samples, world_size, r)) for r in range(world_size)]
+    samples = plan.eval_indices(len(split), world_size, rank)
+    data = _reader(split, samples, workers)
+    data = data.map([vision.Resize((image_size, image_size)), _normalize(), vision.HWC2CHW()],
+                    input_columns="image", num_parallel_workers=workers)
+    return Batches(data.batch(batch_size, drop_remainder=False), [split.files[i] for i in samples])
