@@ -90,14 +90,13 @@ def _claim_output_dir(path: str, resume: str, overwrite: bool, is_main: bool):
 
 
 def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
+    from msdist.data import augment, pipeline
     from msdist.data import check as data_check
-    from msdist.data import pipeline
 
     _check_output_dir(cfg.output_dir)
     replaced = _claim_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite, launch.rank == 0)
     # MindSpore loads only here (path errors stay fast), after runtime.prepare() set its variables.
     import mindspore as ms
-    from mindspore import nn
 
     from msdist import checkpoint, comm, engine, monitor, optim
     from msdist.eval import evaluate_split
@@ -140,7 +139,8 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
     lrs = optim.lr_schedule(cfg.lr_schedule, base_lr, cfg.epochs, steps_per_epoch, cfg.warmup_epochs,
                             cfg.lr_step_size, cfg.lr_gamma, cfg.min_lr)
     optimizer = optim.create_optimizer(net.trainable_params(), lrs, cfg.momentum, cfg.weight_decay, cfg.loss_scale)
-    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    regularization = augment.regularization_from(cfg, num_classes)
+    loss_fn = engine.create_loss(regularization.soft_labels)
     reducer = comm.create_reducer(cfg.grad_compression, optimizer.parameters, dist.world_size,
                                   topk_ratio=cfg.topk_ratio, threshold=cfg.threshold,
                                   error_feedback=cfg.error_feedback, loss_scale=cfg.loss_scale)
@@ -157,7 +157,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
     compile_start = time.perf_counter()
     with runtime.compile_cache_scope(rt):  # compiled ahead of the first batch, so a restart can load it
         train_step.compile(ms.Tensor(shape=(micro_batch, 3, cfg.image_size, cfg.image_size), dtype=ms.float32),
-                           ms.Tensor(shape=(micro_batch,), dtype=ms.int32))
+                           engine.label_placeholder(micro_batch, num_classes, regularization.soft_labels))
     compile_seconds = time.perf_counter() - compile_start
     _logger.info("train step compiled in %.1f s", compile_seconds)
     saved_params = list(net.get_parameters()) + list(optimizer.moments) + [optimizer.global_step] + \
@@ -194,7 +194,8 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
         data = pipeline.build_train_dataset(train_split, batch_size=batch, image_size=cfg.image_size, epoch=epoch,
                                             seed=cfg.seed, shuffle=cfg.shuffle, augment=cfg.augment,
                                             padding=cfg.crop_padding, world_size=dist.world_size, rank=dist.rank,
-                                            global_batch=cfg.batch_size, workers=workers, skip_steps=skip)
+                                            global_batch=cfg.batch_size, workers=workers, skip_steps=skip,
+                                            regularization=regularization)
         progress.start_epoch(epoch, skip)
         timer.restart_clock()
         step = skip

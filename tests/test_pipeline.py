@@ -7,6 +7,7 @@ import pytest
 
 from conftest import run_msdist
 from msdist.data import pipeline, plan
+from msdist.data.augment import Regularization
 from msdist.errors import DataError
 
 
@@ -77,6 +78,73 @@ def test_corrupt_file_in_the_middle_of_a_shard_is_named(data_dir, tmp_path, cont
         for _ in data.create_tuple_iterator(num_epochs=1, output_numpy=True):
             pass
     assert victim in str(err.value) and "\n" not in str(err.value)
+
+
+RECIPES = {
+    "crop_flip": Regularization(),
+    "random_resized": Regularization(train_crop="random_resized", crop_scale=(0.25, 1.0)),
+    "color_jitter": Regularization(color_jitter=0.4),
+    "label_smoothing": Regularization(label_smoothing=0.1, num_classes=4),
+    "mixup": Regularization(mixup=0.4, num_classes=4),
+    "cutmix": Regularization(cutmix=1.0, num_classes=4),
+    "all": Regularization(train_crop="random_resized", color_jitter=0.3, label_smoothing=0.1, mixup=0.2, cutmix=1.0,
+                          num_classes=4),
+}
+
+
+def _global_batches(split, reg, world, skip=0, steps=3):
+    """The first `steps` global batches (images, labels) as the ranks of a `world`-card job assemble them."""
+    images, labels = [None] * steps, [None] * steps
+    for rank in range(world):
+        data = pipeline.build_train_dataset(split, batch_size=8 // world, image_size=32, epoch=1, seed=5,
+                                            shuffle=True, augment=True, padding=2, world_size=world, rank=rank,
+                                            global_batch=8, workers=2, skip_steps=skip, regularization=reg)
+        for step, (x, y) in enumerate(data.create_tuple_iterator(num_epochs=1, output_numpy=True)):
+            if step == steps:
+                break
+            if rank == 0:
+                images[step], labels[step] = np.empty((8,) + x.shape[1:], x.dtype), np.empty((8,) + y.shape[1:], y.dtype)
+            images[step][rank::world], labels[step][rank::world] = x, y   # rank r holds positions r, r+N, ...
+    return images, labels
+
+
+@pytest.fixture(scope="module")
+def mini_split(data_dir):
+    return pipeline.list_split(data_dir, "Training", pipeline.class_map(data_dir))
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_augmentation_is_the_same_on_1_and_2_ranks_and_after_resume(mini_split, name):
+    """Through MindSpore's engine: 2 ranks' step-s batches, put together, are the 1-card step-s batch, pixel for
+    pixel and label for label, and a resume at step 1 continues with the same batches."""
+    reg = RECIPES[name]
+    single_x, single_y = _global_batches(mini_split, reg, 1)
+    two_x, two_y = _global_batches(mini_split, reg, 2)
+    resumed_x, resumed_y = _global_batches(mini_split, reg, 2, skip=1, steps=2)
+    for step in range(3):
+        np.testing.assert_array_equal(two_x[step], single_x[step])
+        np.testing.assert_array_equal(two_y[step], single_y[step])
+    for step in range(2):
+        np.testing.assert_array_equal(resumed_x[step], single_x[step + 1])
+        np.testing.assert_array_equal(resumed_y[step], single_y[step + 1])
+    assert single_x[0].shape == (8, 3, 32, 32) and single_x[0].dtype == np.float32
+    if reg.soft_labels:
+        assert single_y[0].shape == (8, 4) and single_y[0].dtype == np.float32
+        np.testing.assert_allclose(single_y[0].sum(axis=1), 1, rtol=1e-6)
+    if name == "label_smoothing":
+        assert single_y[0].max() == pytest.approx(0.925) and single_y[0].min() == pytest.approx(0.025)
+    elif name != "crop_flip":   # the option changes the images
+        plain_x, _ = _global_batches(mini_split, RECIPES["crop_flip"], 1, steps=1)
+        assert not np.array_equal(plain_x[0], single_x[0])
+
+
+def test_mixing_partners_cross_ranks():
+    """A partner is drawn from the whole global batch, so some of rank 0's partners are rank 1's samples."""
+    mix = plan.mix_for_step(seed=5, epoch=1, step=0, global_batch=8, mixup=0.4, cutmix=0.0)
+    assert sorted(mix.partner) == list(range(8)) and (mix.partner[0::2] % 2 == 1).any()
+    partners, _ = plan.rank_partners(192, 8, 1, 5, True, 2, 0, 0, 0.4, 0.0)
+    single = plan.train_indices(192, 8, 1, 5, True, 1, 0).reshape(-1, 8)
+    assert np.isin(partners[0], single[0][1::2]).any()
 
 
 def test_bench_cli_prints_images_per_second(data_dir):

@@ -15,13 +15,14 @@ Why not `ImageFolderDataset(num_shards, shard_id)`: its DistributedSampler pads 
 samples, and its shards are not the single-card batches.
 """
 import os
-from dataclasses import dataclass
-from typing import Dict, Iterable, Sequence, Tuple
+from dataclasses import dataclass, replace
+from typing import Dict, Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 
 from msdist.data import plan
-from msdist.data.augment import pad_crop_flip, pad_crop_flip_batch  # noqa: F401  (pad_crop_flip: re-exported)
+from msdist.data.augment import (Regularization, color_jitter, flip_batch, mix_batch,  # noqa: F401
+                                 pad_crop_flip, pad_crop_flip_batch, resized_crop_box, soft_labels)
 # The plan's public names, re-exported: callers that know only the pipeline keep working.
 from msdist.data.plan import (augment_params, epoch_permutation, eval_indices, per_rank_batch,  # noqa: F401
                               steps_per_epoch, train_indices)
@@ -171,39 +172,87 @@ def _read_error(message: str, files: Sequence[str]) -> DataError:
                      "`python -m msdist.data check DIR`")
 
 
-class _CropFlip:
-    """per_batch_map: the plan's crop/flip of each sample of batch k, and a check of the labels."""
+class _BatchTransform:
+    """per_batch_map: the plan's per-sample augmentation of batch k, then batch mixing and soft targets.
 
-    def __init__(self, plan: np.ndarray, labels: np.ndarray, seed: int, epoch: int, padding: int):
-        self.plan, self.labels, self.seed, self.epoch, self.padding = plan, labels, seed, epoch, padding
+    Rows arrive decoded (and, for train_crop resize, resized to CHW) in the plan's order: this
+    rank's samples of the step, followed by their mixing partners when mixing is on.
+    """
+
+    def __init__(self, rows: np.ndarray, labels: np.ndarray, mixes, *, seed: int, epoch: int, augment: bool,
+                 padding: int, image_size: int, reg: Regularization):
+        self.rows, self.labels, self.mixes = rows, labels, mixes
+        self.seed, self.epoch, self.augment, self.padding = seed, epoch, augment, padding
+        self.image_size, self.reg = image_size, reg
 
     def __call__(self, images, labels, info):
         step = info.get_batch_num()
-        if not np.array_equal(np.asarray(labels).reshape(-1), self.labels[step]):
+        ids = self.rows[step]
+        labels = np.asarray(labels).reshape(-1)
+        if not np.array_equal(labels, self.labels[step]):
             # The reader's file order disagrees with msdist's listing: never train on wrong labels.
             raise DataError("MindSpore's ImageFolder reader listed the files in another order than msdist")
-        params = plan.augment_params(self.seed, self.epoch, self.plan[step], self.padding)
-        return pad_crop_flip_batch(np.stack(images), params, self.padding), np.stack(labels)
+        x = self._geometry(images, ids)
+        if self.reg.color_jitter > 0:
+            x = color_jitter(x, plan.jitter_factors(self.seed, self.epoch, ids, self.reg.color_jitter))
+        if not self.reg.soft_labels:
+            return x, labels
+        targets = soft_labels(labels, self.reg.num_classes, self.reg.label_smoothing)
+        if not self.reg.mixing:
+            return x, targets
+        own = len(ids) // 2
+        mix = self.mixes[step]
+        return mix_batch(x[:own].astype(np.float32), x[own:].astype(np.float32), targets[:own], targets[own:],
+                         mix.lam, mix.box)
+
+    def _geometry(self, images, ids: np.ndarray) -> np.ndarray:
+        """Crop and flip per sample: uint8 NCHW at the training size."""
+        params = plan.augment_params(self.seed, self.epoch, ids, self.padding)
+        if self.reg.train_crop == "random_resized":
+            x = np.stack([self._resized_crop(image, int(i)) for image, i in zip(images, ids)])
+            return flip_batch(x, params[:, 2]) if self.augment else x
+        x = np.stack(images)
+        return pad_crop_flip_batch(x, params, self.padding) if self.augment else x
+
+    def _resized_crop(self, image: np.ndarray, index: int) -> np.ndarray:
+        from mindspore.dataset import vision
+        top, left, h, w = resized_crop_box(*image.shape[:2], plan.resized_crop_uniforms(self.seed, self.epoch, index),
+                                           self.reg.crop_scale, self.reg.crop_ratio)
+        crop = np.ascontiguousarray(image[top:top + h, left:left + w])
+        return vision.Resize((self.image_size, self.image_size))(crop).transpose(2, 0, 1)
 
 
 def build_train_dataset(split: Split, *, batch_size: int, image_size: int, epoch: int, seed: int,
                         shuffle: bool, augment: bool, padding: int, world_size: int, rank: int,
-                        global_batch: int, workers: int, skip_steps: int = 0) -> Batches:
-    """One epoch of this rank's training batches (images NCHW float32, labels int32).
+                        global_batch: int, workers: int, skip_steps: int = 0,
+                        regularization: Optional[Regularization] = None) -> Batches:
+    """One epoch of this rank's training batches: images NCHW float32, labels int32 (or float32
+    (batch, classes) targets when `regularization` mixes or smooths them).
 
     `skip_steps` drops the epoch's first batches, for an exact resume in the middle of an epoch.
+    With `regularization.train_crop` random_resized, the crop applies only when `augment` is on.
     """
     from mindspore.dataset import vision
 
-    samples = plan.train_indices(len(split), global_batch, epoch, seed, shuffle, world_size, rank)
-    steps = samples[skip_steps * batch_size:].reshape(-1, batch_size)
+    reg = regularization or Regularization()
+    steps = plan.rank_steps(len(split), global_batch, epoch, seed, shuffle, world_size, rank, skip_steps)
+    mixes = None
+    if reg.mixing:
+        partners, mixes = plan.rank_partners(len(split), global_batch, epoch, seed, shuffle, world_size, rank,
+                                             skip_steps, reg.mixup, reg.cutmix)
+        steps = np.concatenate([steps, partners], axis=1)   # the partners are read right after the step's own
+    resized_crop = augment and reg.train_crop == "random_resized"
+    if not resized_crop:
+        reg = replace(reg, train_crop="resize")
     data = _reader(split, steps.reshape(-1), workers)
-    data = data.map([vision.Resize((image_size, image_size)), vision.HWC2CHW()], input_columns="image",
-                    num_parallel_workers=workers)
-    if augment:
-        crop_flip = _CropFlip(steps, np.asarray(split.labels)[steps], seed, epoch, padding)
+    if not resized_crop:
+        data = data.map([vision.Resize((image_size, image_size)), vision.HWC2CHW()], input_columns="image",
+                        num_parallel_workers=workers)
+    if augment or reg.color_jitter > 0 or reg.soft_labels:
+        transform = _BatchTransform(steps, np.asarray(split.labels)[steps], mixes, seed=seed, epoch=epoch,
+                                    augment=augment, padding=padding, image_size=image_size, reg=reg)
         # One Python call per batch; a single worker, as threads would only queue for the GIL.
-        data = data.batch(batch_size, drop_remainder=True, per_batch_map=crop_flip,
+        data = data.batch(steps.shape[1], drop_remainder=True, per_batch_map=transform,
                           input_columns=["image", "label"], num_parallel_workers=1)
     else:
         data = data.batch(batch_size, drop_remainder=True)

@@ -12,10 +12,16 @@ Pure Python and NumPy (no MindSpore), so every property is testable on its own:
 """
 import numpy as np
 
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
 from msdist.errors import DataError
 
 # Streams of `uniform`: one per independent random choice, so adding one never shifts another.
 STREAM_CROP_Y, STREAM_CROP_X, STREAM_FLIP = 1, 2, 3
+STREAM_JITTER = (4, 5, 6)               # brightness, contrast, saturation
+STREAM_RESIZED_CROP = 16                # + 4 * attempt + (area, ratio, top, left)
+RESIZED_CROP_ATTEMPTS = 10
 
 
 def steps_per_epoch(num_samples: int, global_batch: int) -> int:
@@ -95,3 +101,66 @@ def augment_params(seed: int, epoch: int, index, padding: int) -> np.ndarray:
                _below(uniform(seed, epoch, index, STREAM_CROP_X), side),
                _below(uniform(seed, epoch, index, STREAM_FLIP), 2)]
     return np.stack(columns, axis=-1).astype(np.int32)
+
+
+def jitter_factors(seed: int, epoch: int, index, strength: float) -> np.ndarray:
+    """(n, 3) brightness, contrast and saturation factors, each uniform in [1 - strength, 1 + strength]."""
+    return np.stack([1 + strength * (2 * uniform(seed, epoch, index, s) - 1) for s in STREAM_JITTER], axis=-1)
+
+
+def resized_crop_uniforms(seed: int, epoch: int, index: int) -> np.ndarray:
+    """(attempts, 4) uniforms for one sample's random-resized-crop tries: area, log-ratio, top, left."""
+    streams = STREAM_RESIZED_CROP + np.arange(4 * RESIZED_CROP_ATTEMPTS)
+    return np.array([uniform(seed, epoch, index, int(s)) for s in streams]).reshape(RESIZED_CROP_ATTEMPTS, 4)
+
+
+@dataclass(frozen=True)
+class Mix:
+    """One global step's batch mixing: every rank draws the same, from (seed, epoch, step).
+
+    `partner[j]` is the global-batch position whose image and label position j is mixed with;
+    `box` is cutmix's (top, left, bottom, right) as fractions of the image, None for mixup.
+    """
+    lam: float
+    partner: np.ndarray
+    box: Optional[Tuple[float, float, float, float]] = None
+
+
+def mix_for_step(seed: int, epoch: int, step: int, global_batch: int, mixup: float, cutmix: float) -> Mix:
+    """Mixup (Beta(mixup, mixup) weight) or cutmix (a Beta(cutmix, cutmix)-sized box); both on: half each.
+
+    Like timm's Mixup, one weight and one box per batch, and the partner of a sample is another
+    sample of the same global batch: a rank may mix with an image another rank trains on, so the
+    rank reads that partner too.
+    """
+    rng = np.random.default_rng([seed, epoch, step, 0x313])
+    partner = rng.permutation(global_batch)
+    use_cutmix = cutmix > 0 and (mixup <= 0 or rng.random() < 0.5)
+    alpha = cutmix if use_cutmix else mixup
+    lam = float(rng.beta(alpha, alpha))
+    if not use_cutmix:
+        return Mix(lam, partner)
+    cut = np.sqrt(1.0 - lam)   # the box covers 1 - lam of the image
+    cy, cx = rng.random(2)
+    box = (max(cy - cut / 2, 0.0), max(cx - cut / 2, 0.0), min(cy + cut / 2, 1.0), min(cx + cut / 2, 1.0))
+    return Mix(lam, partner, box)
+
+
+def rank_steps(num_samples: int, global_batch: int, epoch: int, seed: int, shuffle: bool, world_size: int,
+               rank: int, skip_steps: int = 0) -> np.ndarray:
+    """(steps, per-rank batch) samples this rank trains on at each step of the epoch from `skip_steps` on."""
+    batch = per_rank_batch(global_batch, world_size)
+    return train_indices(num_samples, global_batch, epoch, seed, shuffle, world_size, rank).reshape(-1, batch)[
+        skip_steps:]
+
+
+def rank_partners(num_samples: int, global_batch: int, epoch: int, seed: int, shuffle: bool, world_size: int,
+                  rank: int, skip_steps: int, mixup: float, cutmix: float):
+    """The partners of this rank's samples, (steps, per-rank batch), and each step's Mix."""
+    order = train_indices(num_samples, global_batch, epoch, seed, shuffle, 1, 0).reshape(-1, global_batch)
+    partners, mixes = [], []
+    for step in range(skip_steps, len(order)):
+        mix = mix_for_step(seed, epoch, step, global_batch, mixup, cutmix)
+        partners.append(order[step][mix.partner[rank::world_size]])
+        mixes.append(mix)
+    return np.array(partners, dtype=np.int64).reshape(-1, global_batch // world_size), mixes
