@@ -7,8 +7,9 @@ import pytest
 
 from conftest import run_msdist
 from msdist.data import pipeline, plan
+from msdist.data import augment
 from msdist.data.augment import Regularization
-from msdist.errors import DataError
+from msdist.errors import ConfigError, DataError
 
 
 def _copy_tree(data_dir, tmp_path):
@@ -39,6 +40,40 @@ def test_uniform_is_a_pure_function_of_seed_epoch_sample_stream():
     params = plan.augment_params(3, 1, index, padding=4)
     assert params.shape == (1000, 3) and params[:, :2].max() == 8 and set(params[:, 2]) == {0, 1}
     np.testing.assert_array_equal(params[17], plan.augment_params(3, 1, 17, padding=4))
+
+
+def test_batch_crop_flip_equals_the_per_image_reference():
+    images = np.random.default_rng(0).integers(1, 255, (64, 7, 9, 3), dtype=np.uint8)
+    params = plan.augment_params(1, 0, np.arange(64), padding=3)
+    expected = np.stack([augment.pad_crop_flip(x, p, 3) for x, p in zip(images, params)]).transpose(0, 3, 1, 2)
+    got = augment.pad_crop_flip_batch(np.ascontiguousarray(images.transpose(0, 3, 1, 2)), params, 3)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_resized_crop_box_stays_inside_and_in_range():
+    for index in range(200):
+        top, left, h, w = augment.resized_crop_box(100, 60, plan.resized_crop_uniforms(1, 0, index), (0.2, 1.0),
+                                                   (0.75, 4 / 3))
+        assert 0 <= top and top + h <= 100 and 0 <= left and left + w <= 60
+        assert 0.19 <= h * w / 6000 <= 1.0
+    assert augment.resized_crop_box(100, 10, np.ones((10, 4)) * 0.99, (0.9, 1.0), (0.75, 4 / 3)) == (43, 0, 13, 10)
+
+
+def test_soft_targets_and_cutmix_weight():
+    targets = augment.soft_labels(np.array([0, 2]), 4, 0.2)
+    np.testing.assert_allclose(targets, [[0.85, 0.05, 0.05, 0.05], [0.05, 0.05, 0.85, 0.05]], rtol=1e-6)
+    ones, zeros = np.ones((2, 3, 10, 10), np.float32), np.zeros((2, 3, 10, 10), np.float32)
+    mixed, weights = augment.mix_batch(ones, zeros, np.eye(2, dtype=np.float32), np.eye(2, dtype=np.float32)[::-1],
+                                       lam=0.5, box=(0.0, 0.0, 0.5, 0.4))
+    assert mixed[0].mean() == pytest.approx(0.8)            # a 5x4 box of the partner pasted in
+    np.testing.assert_allclose(weights[0], [0.8, 0.2], rtol=1e-6)
+
+
+def test_crop_ranges_must_be_ordered():
+    from msdist import config
+    cfg = config.parse(["--crop_scale_min", "0.9", "--crop_scale_max", "0.5"])
+    with pytest.raises(ConfigError, match="crop_scale_min=0.9 exceeds crop_scale_max=0.5"):
+        augment.regularization_from(cfg, 4)
 
 
 def test_reader_follows_msdist_listing_with_excluded_files_and_mixed_extensions(data_dir, tmp_path):

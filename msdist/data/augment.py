@@ -89,9 +89,10 @@ def pad_crop_flip_batch(images: np.ndarray, params: np.ndarray, padding: int) ->
     h, w = images.shape[2:]
     for i, (dy, dx, flip) in enumerate(params):
         (src_y, dst_y), (src_x, dst_x) = _overlap(int(dy) - padding, h), _overlap(int(dx) - padding, w)
-        out[i, :, dst_y, dst_x] = images[i, :, src_y, src_x]
-        if flip:
-            out[i] = out[i, :, :, ::-1]
+        if flip:  # mirrored in the same copy: target columns counted from the right
+            out[i, :, dst_y, w - dst_x.stop:w - dst_x.start] = images[i, :, src_y, src_x][..., ::-1]
+        else:
+            out[i, :, dst_y, dst_x] = images[i, :, src_y, src_x]
     return out
 
 
