@@ -4,7 +4,8 @@ Images/s of msdist's training pipeline (`msdist.data.bench`) against MindSpore's
 `ImageFolderDataset` with the same transforms (decode, resize, pad-4 random crop, horizontal flip,
 normalize, HWC2CHW, batch 32) at 1, 2 and 4 workers, with and without augmentation. Workers beyond
 this host's cores are skipped (MindSpore refuses them). Each number is the median of `--trials`
-interleaved runs of `--epochs` epochs, since the host is shared. The table goes to docs/performance.md
+interleaved runs of `--epochs` epochs after a warm-up, since the host is shared; CPU time per image
+is printed too. The table goes to docs/performance.md
 (section "Input pipeline") unless `--no_write`.
 
 Data: the Fruits-360 4-class subset beside the checkout (../shared/data/fruits360-4) by default.
@@ -14,6 +15,7 @@ import os
 import re
 import statistics
 import sys
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -49,21 +51,31 @@ def msdist_rate(data_dir: str, workers: int, augment: bool, epochs: int) -> floa
 
 
 def measure(data_dir: str, workers: int, augment: bool, epochs: int, trials: int) -> dict:
+    from msdist.data import pipeline
+    images = epochs * (len(pipeline.list_split(data_dir, pipeline.TRAIN_SPLIT, pipeline.class_map(data_dir)))
+                       // BATCH * BATCH)
     runs = {"msdist": [], "native": []}
     for _ in range(trials):  # interleaved, so load from other processes hits both alike
-        runs["msdist"].append(msdist_rate(data_dir, workers, augment, epochs))
-        runs["native"].append(native_rate(data_dir, workers, augment, epochs))
-    return {name: statistics.median(rates) for name, rates in runs.items()}
+        for name, fn in (("msdist", msdist_rate), ("native", native_rate)):
+            cpu = time.process_time()
+            rate = fn(data_dir, workers, augment, epochs)
+            runs[name].append((rate, (time.process_time() - cpu) / images * 1e6))
+    out = {}
+    for name, pairs in runs.items():
+        out[name] = statistics.median(r for r, _ in pairs)
+        out[f"{name}_cpu_us"] = statistics.median(c for _, c in pairs)
+    return out
 
 
 def table(rows: list, data_dir: str, cores: int, skipped: list) -> str:
-    lines = [f"Data: `{data_dir}`, {IMAGE_SIZE}x{IMAGE_SIZE}, batch {BATCH}, one rank, {cores} cores; "
-             "median img/s (build and start of each epoch included).", "",
-             "| workers | augment | msdist img/s | native ImageFolderDataset img/s | msdist / native |",
-             "|---|---|---|---|---|"]
+    lines = [f"Data: `{data_dir}`, {IMAGE_SIZE}x{IMAGE_SIZE}, batch {BATCH}, one rank, {cores} cores, load average "
+             f"{os.getloadavg()[0]:.1f} at the end; medians (build and start of each epoch included). CPU us/img is "
+             "process CPU time (all threads) per image: a busy shared host inflates it far less than wall time.", "",
+             "| workers | augment | msdist img/s | native img/s | msdist / native | msdist CPU us/img | native CPU us/img |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['workers']} | {r['augment']} | {r['msdist']:.0f} | {r['native']:.0f} | "
-                     f"{r['msdist'] / r['native']:.2f} |")
+                     f"{r['msdist'] / r['native']:.2f} | {r['msdist_cpu_us']:.0f} | {r['native_cpu_us']:.0f} |")
     if skipped:
         lines += ["", f"Not measured: {', '.join(map(str, skipped))} workers (more than this host's {cores} cores; "
                   "MindSpore refuses num_parallel_workers above the core count)."]
@@ -96,6 +108,8 @@ def main() -> int:
     from msdist import runtime
     runtime.prepare()
     print(f"data: {args.data_dir}", flush=True)
+    msdist_rate(args.data_dir, 1, True, 1)   # warm-up: the first pipeline of a process pays MindSpore's start-up
+    native_rate(args.data_dir, 1, True, 1)
     cores = os.cpu_count() or 1
     rows = []
     for workers in (w for w in (1, 2, 4) if w <= cores):
