@@ -70,7 +70,8 @@ def _bench(args) -> None:
     if min(args.workers, args.image_size, args.batch_size, args.epochs) < 1:
         raise ConfigError("bench needs --workers, --image_size, --batch_size and --epochs >= 1")
     if args.workers > (os.cpu_count() or 1):
-        raise ConfigError(f"--workers {args.workers} exceeds this host's {os.cpu_count()} cores, MindSpore's limit")
+        raise ConfigError(f"--workers {args.workers} exceeds this host's {os.cpu_count()} cores (MindSpore's limit); "
+                          f"use at most {os.cpu_count()}")
     from msdist import runtime
     runtime.prepare()
     from msdist.data import bench, pipeline

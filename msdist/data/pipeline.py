@@ -121,6 +121,11 @@ def list_split(data_dir: str, split: str, classes: Dict[str, int], exclude: Iter
 
 
 
+def usable_workers(workers: int) -> int:
+    """`workers` within 1..cores: MindSpore refuses more dataset workers than the host has cores."""
+    return max(1, min(workers, os.cpu_count() or 1))
+
+
 def _reader(split: Split, samples: np.ndarray, workers: int):
     """MindSpore's C++ ImageFolder reader over `samples` (indices into `split`), decoding, in that order."""
     import mindspore.dataset as ds
@@ -235,6 +240,7 @@ def build_train_dataset(split: Split, *, batch_size: int, image_size: int, epoch
     from mindspore.dataset import vision
 
     reg = regularization or Regularization()
+    workers = usable_workers(workers)
     steps = plan.rank_steps(len(split), global_batch, epoch, seed, shuffle, world_size, rank, skip_steps)
     mixes = None
     if reg.mixing:
@@ -266,6 +272,7 @@ def build_eval_dataset(split: Split, *, batch_size: int, image_size: int, world_
     from mindspore.dataset import vision
 
     samples = plan.eval_indices(len(split), world_size, rank)
+    workers = usable_workers(workers)
     data = _reader(split, samples, workers)
     data = data.map([vision.Resize((image_size, image_size)), _normalize(), vision.HWC2CHW()],
                     input_columns="image", num_parallel_workers=workers)
