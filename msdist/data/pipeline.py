@@ -142,6 +142,11 @@ def _normalize(hwc: bool = True):
     return vision.Normalize(MEAN, STD, is_hwc=hwc)
 
 
+def _resize_normalize(image_size: int) -> list:
+    from mindspore.dataset import vision
+    return [vision.Resize((image_size, image_size)), _normalize(), vision.HWC2CHW()]
+
+
 class Batches:
     """A built MindSpore dataset of batches whose read/decode failures name the file.
 
@@ -247,33 +252,32 @@ def build_train_dataset(split: Split, *, batch_size: int, image_size: int, epoch
         partners, mixes = plan.rank_partners(len(split), global_batch, epoch, seed, shuffle, world_size, rank,
                                              skip_steps, reg.mixup, reg.cutmix)
         steps = np.concatenate([steps, partners], axis=1)   # the partners are read right after the step's own
+    files = [split.files[i] for i in steps.reshape(-1)]
+    data = _reader(split, steps.reshape(-1), workers)
+    if not (augment or reg.color_jitter > 0 or reg.soft_labels):
+        # Nothing per sample: the evaluation chain (a native ImageFolderDataset loop's, too), all C++.
+        data = data.map(_resize_normalize(image_size), input_columns="image", num_parallel_workers=workers)
+        return Batches(data.batch(batch_size, drop_remainder=True), files)
     resized_crop = augment and reg.train_crop == "random_resized"
     if not resized_crop:
         reg = replace(reg, train_crop="resize")
-    data = _reader(split, steps.reshape(-1), workers)
-    if not resized_crop:
         data = data.map([vision.Resize((image_size, image_size)), vision.HWC2CHW()], input_columns="image",
                         num_parallel_workers=workers)
-    if augment or reg.color_jitter > 0 or reg.soft_labels:
-        transform = _BatchTransform(steps, np.asarray(split.labels)[steps], mixes, seed=seed, epoch=epoch,
-                                    augment=augment, padding=padding, image_size=image_size, reg=reg)
-        # One Python call per batch; a single worker, as threads would only queue for the GIL.
-        data = data.batch(steps.shape[1], drop_remainder=True, per_batch_map=transform,
-                          input_columns=["image", "label"], num_parallel_workers=1)
-    else:
-        data = data.batch(batch_size, drop_remainder=True)
+    transform = _BatchTransform(steps, np.asarray(split.labels)[steps], mixes, seed=seed, epoch=epoch,
+                                augment=augment, padding=padding, image_size=image_size, reg=reg)
+    # One Python call per batch, on uint8 images (a quarter of float32's bytes); a single worker, as threads
+    # would only queue for the GIL. Normalizing the whole batch afterwards is one more C++ op.
+    data = data.batch(steps.shape[1], drop_remainder=True, per_batch_map=transform,
+                      input_columns=["image", "label"], num_parallel_workers=1)
     data = data.map(_normalize(hwc=False), input_columns="image", num_parallel_workers=workers)
-    return Batches(data, [split.files[i] for i in steps.reshape(-1)])
+    return Batches(data, files)
 
 
 def build_eval_dataset(split: Split, *, batch_size: int, image_size: int, world_size: int, rank: int,
                        workers: int) -> Batches:
     """This rank's evaluation shard, in batches; the last batch may be short."""
-    from mindspore.dataset import vision
-
     samples = plan.eval_indices(len(split), world_size, rank)
     workers = usable_workers(workers)
     data = _reader(split, samples, workers)
-    data = data.map([vision.Resize((image_size, image_size)), _normalize(), vision.HWC2CHW()],
-                    input_columns="image", num_parallel_workers=workers)
+    data = data.map(_resize_normalize(image_size), input_columns="image", num_parallel_workers=workers)
     return Batches(data.batch(batch_size, drop_remainder=False), [split.files[i] for i in samples])
