@@ -250,8 +250,8 @@ def test_scale_lr_multiplies_the_lr_by_the_world_size(data_dir, tmp_path):
 def test_mpirun_checkpoints_are_per_rank_and_identical(mpirun_run):
     out, _ = mpirun_run
     (rank0,), (rank1,) = checkpoints(out, 0), checkpoints(out, 1)
-    assert os.path.basename(rank0) == "resnet_tiny_rank0-1_40.ckpt"
-    assert os.path.basename(rank1) == "resnet_tiny_rank1-1_40.ckpt"
+    assert os.path.basename(rank0) == "resnet_tiny_rank0-1_12.ckpt"
+    assert os.path.basename(rank1) == "resnet_tiny_rank1-1_12.ckpt"
     a, b = load_params(rank0), load_params(rank1)
     trained = [n for n in a if "moving_" not in n]  # without sync_bn, BN running stats are per rank by design
     assert trained and all(np.array_equal(a[n], b[n]) for n in trained)
@@ -321,15 +321,15 @@ def test_resume_continues_at_the_right_epoch_and_lr(data_dir, tmp_path):
     """
     common = ("--epochs", 2, "--deterministic", "true", "--log_every", 1)
     run_msdist("train", tiny_args(data_dir, tmp_path / "full", *common))
-    run_msdist("train", tiny_args(data_dir, tmp_path / "cut", *common, "--max_steps", 130))
+    run_msdist("train", tiny_args(data_dir, tmp_path / "cut", *common, "--max_steps", 20))
     [stopped] = [p for p in checkpoints(tmp_path / "cut", 0) if p.endswith("-2_8.ckpt")]
     resumed = run_msdist("train", tiny_args(data_dir, tmp_path / "cut", *common, "--resume", stopped))
-    assert "resumed from" in resumed.stdout and "epoch 1, step 8 of 122, global step 130" in resumed.stdout
-    lrs = optim.lr_schedule("cosine", 0.05, 2, 122, warmup_epochs=0.5)
-    first = next(line for line in resumed.stdout.splitlines() if line.startswith("epoch 2/2 step 9/122"))
-    assert f"lr {lrs[130]:.6f}" in first  # the LR schedule continues at step 131, not from the start
+    assert "resumed from" in resumed.stdout and "epoch 1, step 8 of 12, global step 20" in resumed.stdout
+    lrs = optim.lr_schedule("cosine", 0.05, 2, 12, warmup_epochs=0.5)
+    first = next(line for line in resumed.stdout.splitlines() if line.startswith("epoch 2/2 step 9/12"))
+    assert f"lr {lrs[20]:.6f}" in first  # the LR schedule continues at step 21, not from the start
     full = load_params(checkpoints(tmp_path / "full", 0)[-1], include_state=True)
-    final = [p for p in checkpoints(tmp_path / "cut", 0) if p.endswith("-2_122.ckpt")]
+    final = [p for p in checkpoints(tmp_path / "cut", 0) if p.endswith("-2_12.ckpt")]
     cut = load_params(final[0], include_state=True)
     assert full.keys() == cut.keys()
     for name in full:
