@@ -79,16 +79,12 @@ def uniform(seed: int, epoch: int, index, stream: int) -> np.ndarray:
     generator per sample costs ~0.2 ms, as much as decoding the image) and depends on nothing else.
     """
     with np.errstate(over="ignore"):
-        z = np.zeros(np.shape(index), dtype=np.uint64)
-        for part in (seed, epoch, stream):
-            z = _mix(z + np.uint64(part) + _GOLDEN)
+        z = np.uint64(0)
+        for part in (seed, epoch):
+            z = _mix(np.asarray(z + np.uint64(part) + _GOLDEN, dtype=np.uint64))
+        z = _mix(z + np.asarray(stream, dtype=np.uint64) + _GOLDEN)   # `stream` and `index` broadcast
         z = _mix(z + np.asarray(index, dtype=np.uint64) + _GOLDEN)
     return (z >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
-
-
-def _below(u: np.ndarray, n: int) -> np.ndarray:
-    """Integers in [0, n) from uniforms in [0, 1)."""
-    return np.minimum((u * n).astype(np.int64), n - 1)
 
 
 def augment_params(seed: int, epoch: int, index, padding: int) -> np.ndarray:
@@ -96,22 +92,20 @@ def augment_params(seed: int, epoch: int, index, padding: int) -> np.ndarray:
 
     `index` may be one sample (shape (3,)) or an array of samples (shape (n, 3)).
     """
-    side = 2 * padding + 1
-    columns = [_below(uniform(seed, epoch, index, STREAM_CROP_Y), side),
-               _below(uniform(seed, epoch, index, STREAM_CROP_X), side),
-               _below(uniform(seed, epoch, index, STREAM_FLIP), 2)]
-    return np.stack(columns, axis=-1).astype(np.int32)
+    u = uniform(seed, epoch, np.asarray(index)[..., None], np.array([STREAM_CROP_Y, STREAM_CROP_X, STREAM_FLIP]))
+    return np.minimum((u * np.array([2 * padding + 1, 2 * padding + 1, 2])).astype(np.int64),
+                      [2 * padding, 2 * padding, 1]).astype(np.int32)
 
 
 def jitter_factors(seed: int, epoch: int, index, strength: float) -> np.ndarray:
     """(n, 3) brightness, contrast and saturation factors, each uniform in [1 - strength, 1 + strength]."""
-    return np.stack([1 + strength * (2 * uniform(seed, epoch, index, s) - 1) for s in STREAM_JITTER], axis=-1)
+    return 1 + strength * (2 * uniform(seed, epoch, np.asarray(index)[..., None], np.array(STREAM_JITTER)) - 1)
 
 
 def resized_crop_uniforms(seed: int, epoch: int, index: int) -> np.ndarray:
     """(attempts, 4) uniforms for one sample's random-resized-crop tries: area, log-ratio, top, left."""
     streams = STREAM_RESIZED_CROP + np.arange(4 * RESIZED_CROP_ATTEMPTS)
-    return np.array([uniform(seed, epoch, index, int(s)) for s in streams]).reshape(RESIZED_CROP_ATTEMPTS, 4)
+    return uniform(seed, epoch, index, streams).reshape(RESIZED_CROP_ATTEMPTS, 4)
 
 
 @dataclass(frozen=True)
