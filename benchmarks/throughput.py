@@ -304,8 +304,8 @@ def worker_allreduce(model: str, reps: str, fusion: str = "fused") -> dict:
     fusion: "fused" = MindSpore's default, every gradient in one fused buffer (what training uses);
     "unfused" = one AllReduce per parameter (a distinct fusion id each).
     """
-    from msdist import distributed, runtime
-    launch = distributed.detect_launch()
+    from msdist import cluster, distributed, runtime
+    launch = cluster.detect_launch()
     runtime.prepare(False, "auto", launch.local_world_size, local_rank=launch.local_rank, rank=launch.rank)
     import numpy as np
     import mindspore as ms

@@ -1,46 +1,35 @@
-"""Everything about ranks: who started us, device and backend choice, cluster init, small collectives.
+"""Rank set-up that needs MindSpore: device choice, cluster init, the mpirun/srun bridge, collectives.
 
-Three ways a process can be started:
+How the process was started is decided MindSpore-free in msdist.cluster; this module acts on it:
 
-* standalone: `python -m msdist.train` -> world size 1, no communication at all;
-* mpirun: OpenMPI sets `OMPI_COMM_WORLD_*`. On GPU MindSpore's own OpenMPI path works and is used
-  as is. On CPU it does not ("Failed to initialize communication library on device side"), so we
-  bridge to MindSpore's dynamic cluster: rank 0 starts the scheduler on a free port, publishes the
-  port to the other local ranks through a file keyed by the mpirun job id, and every rank joins as
-  a worker;
-* cluster: `msdist.launch`, `msrun` or a user set `MS_ROLE=MS_WORKER` and friends already.
+* standalone: world size 1, no communication at all;
+* mpirun on GPU: MindSpore's own OpenMPI path (init("nccl")), with MPI finalized before leaving;
+* mpirun on CPU, and srun: msdist bridges to MindSpore's dynamic cluster (rank 0 starts the scheduler);
+* cluster (msdist.launch, msrun): MindSpore's dynamic cluster, variables already set;
+* scheduler (msrun's MS_ROLE=MS_SCHED): serve as the scheduler, see `run_scheduler_role`.
 
 The training loop never sees any of this: it gets a frozen `DistInfo`.
 """
+import ctypes
 import logging
 import os
-import socket
+import re
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-from msdist.errors import ConfigError
+from msdist import cluster, errors
+from msdist.cluster import LaunchEnv
 
 _logger = logging.getLogger(__name__)
-
-_RENDEZVOUS_TIMEOUT_S = 120
-_SCHEDULER_EXIT_GRACE_S = 15
-
-
-@dataclass(frozen=True)
-class LaunchEnv:
-    """What the environment says about this process, read before MindSpore loads."""
-    kind: str              # "standalone" | "mpirun" | "cluster"
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    job_id: str = ""
+# What a rank's exception says when a collective could not complete because a peer is gone or stopped.
+_COLLECTIVE_FAILURE = re.compile(r"AllReduce|AllGather|ReduceScatter|Broadcast|[Cc]ollective|timed out")
+_VERDICT_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -56,148 +45,21 @@ class DistInfo:
         return self.rank == 0
 
 
-def _int_env(env, name, default):
-    value = env.get(name, "")
-    return int(value) if value.strip().isdigit() else default
-
-
-def detect_launch(env=None) -> LaunchEnv:
-    """Classify how this process was started, from environment variables only."""
-    env = os.environ if env is None else env
-    if env.get("MS_ROLE") == "MS_WORKER" and _int_env(env, "MS_WORKER_NUM", 1) > 1:
-        world = _int_env(env, "MS_WORKER_NUM", 1)
-        rank = _int_env(env, "MS_NODE_ID", 0)
-        local_world = _int_env(env, "MSDIST_LOCAL_WORLD_SIZE", world)
-        return LaunchEnv("cluster", rank, world, _int_env(env, "MSDIST_LOCAL_RANK", rank % local_world), local_world)
-    if _int_env(env, "OMPI_COMM_WORLD_SIZE", 1) > 1:
-        return LaunchEnv("mpirun", _int_env(env, "OMPI_COMM_WORLD_RANK", 0), _int_env(env, "OMPI_COMM_WORLD_SIZE", 1),
-                         _int_env(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0), _int_env(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1),
-                         env.get("OMPI_MCA_ess_base_jobid") or env.get("PMIX_NAMESPACE") or str(os.getppid()))
-    return LaunchEnv("standalone", 0, 1, 0, 1)
-
-
-def gpu_available() -> bool:
-    """True when this MindSpore build has a working GPU backend and a visible device."""
+def probe_gpu() -> cluster.GpuProbe:
+    """Ask MindSpore whether its GPU plugin loaded (it tries at import) and how many GPUs it sees."""
     logging.getLogger("mindspore").setLevel(logging.ERROR)  # it warns loudly when the plugin is absent
-    try:
-        from mindspore.device_context.gpu import is_available
-        return bool(is_available())
-    except Exception:  # noqa: BLE001 - any failure to load the plugin means "no GPU"
-        return False
+    from mindspore._c_expression import MSContext
+    context = MSContext.get_instance()
+    loaded = bool(context.is_pkg_support_device("GPU"))
+    visible = 0
+    if loaded:
+        from mindspore._c_expression import gpu_get_device_count  # only in GPU builds
+        visible = int(gpu_get_device_count())  # CUDA applies CUDA_VISIBLE_DEVICES itself
+    return cluster.GpuProbe(loaded, visible, cluster.nvidia_present(), cluster.gpu_load_error(context.load_plugin_error()))
 
 
-def choose_device_target(requested: str, has_gpu: bool) -> str:
-    """`auto` means GPU when usable, else CPU; an explicit GPU request without a GPU is an error."""
-    if requested == "auto":
-        return "GPU" if has_gpu else "CPU"
-    if requested == "GPU" and not has_gpu:
-        raise ConfigError("--device_target GPU was requested but MindSpore's GPU backend is not usable here; "
-                           "install the GPU build of MindSpore or use --device_target CPU")
-    return requested
-
-
-def backend_for(device_target: str) -> str:
-    return {"GPU": "nccl", "CPU": "mccl"}[device_target]
-
-
-def needs_cluster_bridge(launch: LaunchEnv, device_target: str) -> bool:
-    """mpirun on CPU: MindSpore's MPI path needs a GPU, so join its dynamic cluster instead."""
-    return launch.kind == "mpirun" and device_target == "CPU"
-
-
-# ---------------------------------------------------------------- scheduler
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def cluster_env(host: str, port: int, world_size: int) -> dict:
-    """The variables MindSpore's dynamic cluster reads, shared by scheduler and workers."""
-    return {"MS_SCHED_HOST": host, "MS_SCHED_PORT": str(port), "MS_WORKER_NUM": str(world_size)}
-
-
-def start_scheduler(host: str, port: int, world_size: int, log_path: str) -> subprocess.Popen:
-    """Start MindSpore's scheduler as a child that dies with this process (see msdist.scheduler)."""
-    env = dict(os.environ, **cluster_env(host, port, world_size), MS_ROLE="MS_SCHED",
-               MSDIST_PARENT_PID=str(os.getpid()))
-    for name in ("MS_NODE_ID", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"):
-        env.pop(name, None)  # the scheduler is not an MPI rank nor a worker
-    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
-    with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "msdist.scheduler"], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-
-def stop_scheduler(proc: Optional[subprocess.Popen], grace_s: float = _SCHEDULER_EXIT_GRACE_S) -> None:
-    """For a supervisor whose workers have exited: let the scheduler finish, then make sure it is gone."""
-    if proc is None or proc.poll() is not None:
-        return
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def wait_until_listening(host: str, port: int, timeout_s: float = _RENDEZVOUS_TIMEOUT_S) -> None:
-    """Block until the scheduler accepts connections.
-
-    MindSpore workers that find no scheduler back off with a growing retry window (20-60 s lost at
-    start-up on this 2-core machine), so they only call init() once it is reachable.
-    """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"MindSpore scheduler at {host}:{port} did not come up within {timeout_s:.0f} s")
-
-
-def _rendezvous_path(job_id: str) -> str:
-    return os.path.join(tempfile.gettempdir(), f"msdist-mpirun-{job_id}.port")
-
-
-def _publish_port(job_id: str, port: int) -> None:
-    path = _rendezvous_path(job_id)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(str(port))
-    os.replace(tmp, path)  # readers never see a half-written port
-
-
-def _wait_for_port(job_id: str, timeout_s: float = _RENDEZVOUS_TIMEOUT_S) -> int:
-    path = _rendezvous_path(job_id)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with open(path, encoding="utf-8") as f:
-                return int(f.read())
-        except (OSError, ValueError):
-            time.sleep(0.1)
-    raise RuntimeError(f"rank 0 did not publish the scheduler port in {path} within {timeout_s:.0f} s; "
-                       "for mpirun across several hosts export MS_SCHED_HOST and MS_SCHED_PORT (mpirun -x)")
-
-
-class _MpirunBridge:
-    """Join MindSpore's dynamic cluster from an mpirun rank; rank 0 starts the scheduler.
+class _ClusterBridge:
+    """Join MindSpore's dynamic cluster from an mpirun or srun rank; rank 0 starts the scheduler.
 
     Rank 0 does not wait for the scheduler when it exits: workers unregister in MindSpore's own exit
     path, after any code of ours has run, and the scheduler leaves by itself after the last of them
@@ -208,39 +70,69 @@ class _MpirunBridge:
         self.launch = launch
         self.scheduler = None
         self.published = False
-        host = os.environ.get("MS_SCHED_HOST", "127.0.0.1")
-        port = os.environ.get("MS_SCHED_PORT")
+        host, port = cluster.bridge_address(launch, os.environ)
+        host = cluster.resolve_host(host, "MS_SCHED_HOST" if "MS_SCHED_HOST" in os.environ else "the scheduler host")
         if port is None:
             if launch.rank == 0:
-                port = free_port(host)
-                _publish_port(launch.job_id, port)
+                port = cluster.free_port(host)
+                cluster.publish_port(launch.job_id, port)
                 self.published = True
             else:
-                port = _wait_for_port(launch.job_id)
+                port = cluster.wait_for_port(launch.job_id)
         if launch.rank == 0:
-            self.scheduler = start_scheduler(host, int(port), launch.world_size,
-                                             os.path.join(log_dir, "scheduler.log"))
-        os.environ.update(cluster_env(host, int(port), launch.world_size), MS_ROLE="MS_WORKER",
+            if not cluster.is_local_address(host):
+                raise RuntimeError(f"rank 0 must host MindSpore's scheduler at {host}, but that is not an address of "
+                                   "this node; set MS_SCHED_HOST to rank 0's node address")
+            log_path = os.path.join(log_dir, "scheduler.log")
+            self.scheduler = cluster.start_scheduler(host, port, launch.world_size, log_path)
+            threading.Thread(target=_fail_with_scheduler, args=(self.scheduler, log_path), name="msdist-scheduler-watch",
+                             daemon=True).start()
+            errors.add_crash_hook(self._await_scheduler_verdict)
+        os.environ.update(cluster.cluster_env(host, port, launch.world_size), MS_ROLE="MS_WORKER",
                           MS_NODE_ID=str(launch.rank))
-        wait_until_listening(host, int(port))
+        cluster.wait_until_listening(host, port)
+
+    def _await_scheduler_verdict(self, error: Exception) -> None:
+        """A collective failed on rank 0: MindSpore's scheduler is about to name the rank it timed out
+        (then _fail_with_scheduler reports it and ends this process), so give it that long."""
+        if not _COLLECTIVE_FAILURE.search(str(error)):
+            return
+        try:
+            self.scheduler.wait(timeout=cluster.node_timeout_s(os.environ) + _VERDICT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            return
+        time.sleep(_VERDICT_GRACE_S)  # the watcher thread prints and exits the process meanwhile
 
     def joined(self) -> None:
         """Every worker has registered, so nobody needs the rendezvous file any more."""
         if self.published:
-            try:
-                os.remove(_rendezvous_path(self.launch.job_id))
-            except FileNotFoundError:
-                pass
+            cluster.remove_rendezvous(self.launch.job_id)
 
 
-_BRIDGE: Optional[_MpirunBridge] = None
+def _fail_with_scheduler(proc, log_path: str) -> None:
+    """Rank 0 under mpirun/srun: when MindSpore's scheduler fails (it timed out a rank), say which rank
+    and why in one line and end this rank, so the launcher ends the job with that line last.
+
+    Without this the job ends ~MS_NODE_TIMEOUT later with only mpirun's "exited on signal 15" and
+    the cause in scheduler.log.
+    """
+    code = proc.wait()
+    if code == 0:
+        return
+    verdict = cluster.scheduler_verdict(log_path)
+    cause = cluster.describe_timeout(verdict) or verdict or f"MindSpore's scheduler exited with code {code}"
+    print(f"msdist: job failed: {cause} (scheduler log: {log_path})", file=sys.stderr, flush=True)
+    os._exit(1)  # pylint: disable=protected-access
+
+
+_BRIDGE: Optional[_ClusterBridge] = None
 
 
 def init(launch: LaunchEnv, device_target: str, log_dir: str, deterministic: bool = False) -> DistInfo:
     """Set GRAPH_MODE and the device, join the job's communication group, set DATA_PARALLEL.
 
     Args:
-        launch: from `detect_launch()`.
+        launch: from `cluster.detect_launch()`.
         device_target: "auto", "CPU" or "GPU".
         log_dir: where the scheduler's own log goes when this rank starts it.
         deterministic: ask MindSpore for deterministic kernels.
@@ -248,22 +140,86 @@ def init(launch: LaunchEnv, device_target: str, log_dir: str, deterministic: boo
     global _BRIDGE
     import mindspore as ms
 
-    device = choose_device_target(device_target, device_target != "CPU" and gpu_available())
-    ms.set_context(mode=ms.GRAPH_MODE, device_target=device, deterministic="ON" if deterministic else "OFF")
+    probe = probe_gpu() if device_target != "CPU" else cluster.GpuProbe(False, 0, False)
+    device = cluster.choose_device_target(device_target, probe)
+    for name in cluster.vars_to_clear(launch, device, os.environ):
+        del os.environ[name]  # before set_context: they would start the dynamic cluster instead of MPI
+    device_id = {"device_id": cluster.gpu_device_id(os.environ, launch.local_rank)} if device == "GPU" else {}
+    ms.set_context(mode=ms.GRAPH_MODE, device_target=device, deterministic="ON" if deterministic else "OFF",
+                   **device_id)
     if launch.kind == "standalone":
         return DistInfo(0, 1, 0, device, "")
     from mindspore.communication import get_group_size, get_rank
     from mindspore.communication import init as comm_init
 
-    backend = backend_for(device)
-    if needs_cluster_bridge(launch, device):
-        _BRIDGE = _MpirunBridge(launch, log_dir)
+    backend = cluster.backend_for(device)
+    if cluster.needs_cluster_bridge(launch, device):
+        _BRIDGE = _ClusterBridge(launch, log_dir)
+    elif "MS_SCHED_HOST" in os.environ:  # set by hand or by a job spec: MindSpore itself takes only an IP
+        os.environ["MS_SCHED_HOST"] = cluster.resolve_host(os.environ["MS_SCHED_HOST"], "MS_SCHED_HOST")
     comm_init(backend)
     if _BRIDGE is not None:
         _BRIDGE.joined()
     rank, world = get_rank(), get_group_size()
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True, device_num=world)
-    return DistInfo(rank, world, launch.local_rank, device, backend)
+    dist = DistInfo(rank, world, launch.local_rank, device, backend)
+    check_same_device(Collectives(world), dist)
+    return dist
+
+
+def check_same_device(collectives: "Collectives", dist: DistInfo) -> None:
+    """Fail when ranks picked different devices (`auto` decides per host)."""
+    chosen = collectives.gather([1.0 if dist.device_target == "GPU" else 0.0])[:, 0]
+    if not np.all(chosen == chosen[0]):
+        names = ", ".join(f"rank {r}: {'GPU' if c else 'CPU'}" for r, c in enumerate(chosen))
+        raise RuntimeError(f"ranks chose different devices ({names}); fix the hosts or pass --device_target")
+
+
+def _loaded_library(stem: str) -> Optional[str]:
+    """Path of an already loaded shared library whose file name starts with `stem` (from /proc/self/maps)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                path = line.split()[-1] if "/" in line else ""
+                if os.path.basename(path).startswith(stem):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def finalize_mpi() -> bool:
+    """Call MPI_Finalize if MPI is initialized and not yet finalized; True when it was called.
+
+    MindSpore's own MPI_Finalize sits in the destructor of its MPI collective library (libmpi_collective.so,
+    ~MPICollectiveCommLib: MPI_Finalized, then MPI_Finalize), which runs only in the C++ teardown that
+    runtime.exit_without_teardown skips. So it is called here, the same way.
+    """
+    path = _loaded_library("libmpi.so")
+    if path is None:
+        return False
+    mpi = ctypes.CDLL(path)
+    initialized, finalized = ctypes.c_int(0), ctypes.c_int(0)
+    mpi.MPI_Initialized(ctypes.byref(initialized))
+    mpi.MPI_Finalized(ctypes.byref(finalized))
+    if not initialized.value or finalized.value:
+        return False
+    return mpi.MPI_Finalize() == 0
+
+
+def finish(launch: LaunchEnv, dist: DistInfo, collectives: "Collectives") -> None:
+    """End a finished rank's part in the job: on MindSpore's MPI path, a last barrier (so no rank leaves
+    before rank 0's result.json is written), then MPI_Finalize, so mpirun counts a clean exit."""
+    if cluster.should_finalize_mpi(launch, dist.device_target):
+        collectives.gather([0.0])  # AllGather completes only when every rank reached it
+        finalize_mpi()
+
+
+def run_scheduler_role(launch: LaunchEnv) -> int:
+    """Serve as MindSpore's scheduler for msrun (MS_ROLE=MS_SCHED), until the job's workers are gone."""
+    from msdist import scheduler
+    _logger.info("MS_ROLE=MS_SCHED (%s): serving as the scheduler for %d workers", launch.launcher, launch.world_size)
+    return scheduler.serve_job(int(os.environ.get("MS_SCHED_PORT", "0")))
 
 
 # ---------------------------------------------------------------- collectives
@@ -327,3 +283,27 @@ def check_replicas_identical(collectives: Collectives, net, when: str) -> None:
         bad = [r for r, s in enumerate(sums) if s != sums[0]]
         raise RuntimeError(f"parameters differ across ranks {when} (ranks {bad} disagree with rank 0); "
                            "replicas have diverged - check that every rank runs the same config and seed")
+
+
+def unify_bn_stats(net, collectives: Collectives, mode: str) -> None:
+    """Make the ranks' BatchNorm running statistics one model (`--dist_bn`), in place.
+
+    Without sync_bn every rank's running mean/variance follow its own shard. Before an evaluation
+    or a checkpoint they become one model: "reduce" = the mean over ranks, "broadcast" = rank 0's,
+    "none" = left per rank. The values travel exactly (float64 through `Collectives.gather`) and
+    every rank computes the same float64 mean in the same order, so the result is bitwise equal on
+    every rank.
+    """
+    if mode == "none" or collectives.world_size == 1:
+        return
+    import mindspore as ms
+    stats = [p for p in net.get_parameters() if p.name.rsplit(".", 1)[-1] in ("moving_mean", "moving_variance")]
+    if not stats:
+        return
+    local = np.concatenate([p.asnumpy().astype(np.float64).ravel() for p in stats])
+    ranks = collectives.gather(local)
+    unified = ranks.mean(axis=0) if mode == "reduce" else ranks[0]
+    offset = 0
+    for p in stats:
+        p.set_data(ms.Tensor(unified[offset:offset + p.size].reshape(p.shape).astype(np.float32)))
+        offset += p.size

@@ -18,6 +18,7 @@ cluster init and compiler can hold the Python lock (and so silence the heartbeat
 while; from then on it is --heartbeat_timeout.
 """
 import ctypes
+import dataclasses
 import os
 import re
 import signal
@@ -27,13 +28,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from msdist import config, distributed, heartbeat
-from msdist.data import pipeline
+from msdist import cluster, config, heartbeat, startup
 from msdist.errors import ConfigError, cli_main
 
 _POLL_S = 0.5
 _TERM_GRACE_S = 4.0            # SIGTERM -> SIGKILL; keeps "all stopped" well under 15 s
 _PORT_RELEASE_S = 30.0         # an explicit port must come free again before a restart
+_SCHEDULER_VERDICT_S = 2.0     # how long a failed attempt waits for the scheduler's own account
+_RESOLVE_RETRY_S = 10.0        # nodes > 0: node 0's host name may appear in DNS a little after they start
 _TRACEBACK_LINES = 12
 _USER_ERROR_EXIT = 2             # msdist.errors.cli_main's status for a UserError
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
@@ -80,8 +82,8 @@ def _build_parser() -> config.ArgumentParser:
     p.add_argument("--nnodes", type=int, default=1, help="number of nodes, each running one launcher [1]")
     p.add_argument("--node_rank", type=int, default=0, help="this node's index, 0..nnodes-1; node 0 hosts the "
                    "scheduler [0]")
-    p.add_argument("--master_addr", default="", help="address of node 0; required with --nnodes > 1 "
-                   "[127.0.0.1 on a single node]")
+    p.add_argument("--master_addr", default="", help="address or host name of node 0 (resolved once, here); "
+                   "required with --nnodes > 1 [127.0.0.1 on a single node]")
     p.add_argument("--master_port", type=int, default=0, help="scheduler port on node 0; required with --nnodes > 1 "
                    "[a free port]")
     p.add_argument("--max_restarts", type=int, default=0, help="restart all ranks with --resume auto after a "
@@ -115,7 +117,7 @@ def parse_args(argv: Optional[List[str]] = None) -> Plan:
     # Fail here, once, rather than in N ranks; a mistyped launcher option gets its did-you-mean too.
     launcher_options = [o[2:] for o in parser._option_string_actions if o.startswith("--")]  # pylint: disable=protected-access
     cfg = config.parse(train_args, suggest_also=launcher_options)
-    pipeline.per_rank_batch(cfg.batch_size, ns.nproc_per_node * ns.nnodes)
+    startup.run_checks(cfg, ns.nproc_per_node * ns.nnodes)
     return Plan(ns.nproc_per_node, ns.nnodes, ns.node_rank, ns.master_addr or "127.0.0.1", ns.master_port,
                 ns.max_restarts, ns.heartbeat_timeout, ns.startup_timeout, list(train_args),
                 os.path.abspath(cfg.output_dir), cfg.data_dir)
@@ -147,7 +149,7 @@ def _log_paths(log_dir: str, rank: int) -> List[str]:
 
 def _spawn_worker(plan: Plan, local_rank: int, host: str, port: int, train_args: List[str]) -> _Worker:
     rank = plan.global_rank(local_rank)
-    env = dict(os.environ, **distributed.cluster_env(host, port, plan.world_size), MS_ROLE="MS_WORKER",
+    env = dict(os.environ, **cluster.cluster_env(host, port, plan.world_size), MS_ROLE="MS_WORKER",
                MS_NODE_ID=str(rank), MSDIST_LOCAL_RANK=str(local_rank), MSDIST_LOCAL_WORLD_SIZE=str(plan.nproc))
     beat = heartbeat.path_for(plan.log_dir, rank)
     if os.path.exists(beat):
@@ -312,13 +314,28 @@ class _Stop(Exception):
 
 def _pick_port(plan: Plan, attempt: int) -> int:
     if plan.master_port == 0:
-        return distributed.free_port(plan.master_addr)
+        return cluster.free_port(plan.master_addr)
     if plan.node_rank == 0 and attempt > 0:
         # The previous scheduler was just killed; its socket can linger briefly.
         deadline = time.monotonic() + _PORT_RELEASE_S
-        while distributed.port_in_use(plan.master_addr, plan.master_port) and time.monotonic() < deadline:
+        while cluster.port_in_use(plan.master_addr, plan.master_port) and time.monotonic() < deadline:
             time.sleep(0.5)
     return plan.master_port
+
+
+def _with_cluster_cause(failure: Failure, scheduler: Optional[subprocess.Popen], log_dir: str) -> Failure:
+    """On node 0, a local rank that died because MindSpore's cluster timed out a rank elsewhere: name
+    that rank too (the scheduler says which, right before it exits)."""
+    if scheduler is None or failure.rank is None or failure.how.startswith("killed"):
+        return failure  # a killed rank is the cause itself
+    try:
+        scheduler.wait(timeout=_SCHEDULER_VERDICT_S)
+    except subprocess.TimeoutExpired:
+        return failure
+    cause = cluster.describe_timeout(cluster.scheduler_verdict(os.path.join(log_dir, "scheduler.log")))
+    if cause:
+        failure.how = f"{failure.how}, after {cause}"
+    return failure
 
 
 def run_attempt(plan: Plan, train_args: List[str], attempt: int) -> Optional[Failure]:
@@ -327,11 +344,11 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int) -> Optional[Fai
     scheduler, workers = None, []
     try:
         if plan.node_rank == 0:
-            scheduler = distributed.start_scheduler(plan.master_addr, port, plan.world_size,
+            scheduler = cluster.start_scheduler(plan.master_addr, port, plan.world_size,
                                                     os.path.join(plan.log_dir, "scheduler.log"))
         # Workers that find no scheduler back off for tens of seconds, so only start them once it listens.
         try:
-            distributed.wait_until_listening(plan.master_addr, port, plan.startup_timeout)
+            cluster.wait_until_listening(plan.master_addr, port, plan.startup_timeout)
         except RuntimeError as e:
             where = "" if plan.node_rank == 0 else "; check --master_addr/--master_port and that node 0's launcher runs"
             return Failure(None, f"{e}{where}")
@@ -342,13 +359,16 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int) -> Optional[Fai
         while True:
             failures = [f for f in (_check_worker(w, plan) for w in workers) if f is not None]
             if failures:
-                return _first_cause(failures)
+                return _with_cluster_cause(_first_cause(failures), scheduler, plan.log_dir)
             if all(w.proc.poll() == 0 for w in workers):
                 # The work is done: the scheduler is stopped in `finally` without waiting for it, as
                 # ranks that skip MindSpore's teardown (runtime.exit_without_teardown) never unregister.
                 return None
             if scheduler is not None and scheduler.poll() not in (None, 0):
-                return Failure(None, f"exit code {scheduler.returncode} (see {plan.log_dir}/scheduler.log)")
+                log = os.path.join(plan.log_dir, "scheduler.log")
+                verdict = cluster.scheduler_verdict(log)
+                how = cluster.describe_timeout(verdict) or verdict or f"exit code {scheduler.returncode}"
+                return Failure(None, f"{how} (see {log})")
             time.sleep(_POLL_S)
     finally:
         _stop_all(workers, scheduler)
@@ -363,7 +383,7 @@ def _report(failure: Failure, stopped_in_s: float) -> None:
 def supervise(plan: Plan) -> int:
     """Run attempts until one succeeds or the restart budget is spent; return the exit status."""
     os.makedirs(plan.log_dir, exist_ok=True)
-    if plan.node_rank == 0 and plan.master_port and distributed.port_in_use(plan.master_addr, plan.master_port):
+    if plan.node_rank == 0 and plan.master_port and cluster.port_in_use(plan.master_addr, plan.master_port):
         raise ConfigError(f"--master_port {plan.master_port} is already in use on {plan.master_addr}; "
                           "choose another port or omit --master_port to pick a free one")
     train_args = plan.train_args
@@ -400,7 +420,10 @@ def _raise_stop(signum, _frame):
 @cli_main
 def main(argv: Optional[List[str]] = None) -> int:
     plan = parse_args(argv)
-    pipeline.check_data_dir(plan.data_dir)  # named once here, not by every rank after start-up
+    # MindSpore's cluster accepts only literal IPs: a host name is resolved here, once, for every rank.
+    # Other nodes may start before node 0's name is in DNS (Kubernetes), so they retry for a few seconds.
+    plan = dataclasses.replace(plan, master_addr=cluster.resolve_host(
+        plan.master_addr, "--master_addr", retry_s=_RESOLVE_RETRY_S if plan.node_rank else 0.0))
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
     try:

@@ -2,7 +2,8 @@
 # Data-parallel training on N processes of this host (or the hosts in your MPI hostfile).
 #   bash scripts/run_distribute_train.sh N --config configs/resnet50_fruits360.yaml --data_dir DIR [--key value ...]
 # Launchers: mpirun (default; OpenMPI from the OS: apt-get install openmpi-bin), or LAUNCHER=msdist for
-# msdist's own launcher (no OpenMPI needed; fail-fast, restarts with --max_restarts K).
+# msdist's own launcher (no OpenMPI needed; fail-fast, restarts with --max_restarts K), or LAUNCHER=msrun
+# for MindSpore's msrun (MASTER_PORT, default 8118; its logs in MSRUN_LOG_DIR, default msrun_logs).
 # Cost (2-core AMD EPYC, CPU): ResNet-50 100x100 ~18 img/s for the job; see README "Performance".
 set -euo pipefail
 if [ $# -lt 1 ] || ! [[ "$1" =~ ^[1-9][0-9]*$ ]]; then
@@ -13,6 +14,11 @@ N=$1; shift
 PYTHON=${PYTHON:-python3}
 if [ "${LAUNCHER:-mpirun}" = "msdist" ]; then
   exec "$PYTHON" -m msdist.launch -n "$N" "$@"
+fi
+if [ "${LAUNCHER:-mpirun}" = "msrun" ]; then
+  # MindSpore's own launcher; its scheduler is this same command with MS_ROLE=MS_SCHED (msdist serves it).
+  exec msrun --worker_num "$N" --local_worker_num "$N" --master_port "${MASTER_PORT:-8118}" --join True \
+    --log_dir "${MSRUN_LOG_DIR:-msrun_logs}" "$PYTHON" -m msdist.train "$@"
 fi
 MPIRUN=${MPIRUN:-mpirun}
 if ! command -v "$MPIRUN" >/dev/null 2>&1; then

@@ -24,8 +24,8 @@ from msdist.data import plan
 from msdist.data.augment import (Regularization, color_jitter, flip_batch, mix_batch,  # noqa: F401
                                  pad_crop_flip, pad_crop_flip_batch, resized_crop_box, soft_labels)
 # The plan's public names, re-exported: callers that know only the pipeline keep working.
-from msdist.data.plan import (augment_params, epoch_permutation, eval_indices, per_rank_batch,  # noqa: F401
-                              steps_per_epoch, train_indices)
+from msdist.data.plan import (augment_params, epoch_permutation, eval_indices, micro_batch_size,  # noqa: F401
+                              per_rank_batch, steps_per_epoch, train_indices)
 from msdist.errors import DataError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp")

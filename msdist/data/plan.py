@@ -15,7 +15,7 @@ import numpy as np
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from msdist.errors import DataError
+from msdist.errors import ConfigError, DataError
 
 # Streams of `uniform`: one per independent random choice, so adding one never shifts another.
 STREAM_CROP_Y, STREAM_CROP_X, STREAM_FLIP = 1, 2, 3
@@ -35,6 +35,15 @@ def per_rank_batch(global_batch: int, world_size: int) -> int:
                         f"{world_size} ranks; use a multiple of {world_size}, e.g. "
                         f"{max(world_size, global_batch // world_size * world_size)}")
     return global_batch // world_size
+
+
+def micro_batch_size(per_rank_batch: int, accum_steps: int) -> int:
+    """Per-rank micro-batch: the rank's share of one optimizer step's batch, split in `accum_steps`."""
+    if per_rank_batch % accum_steps:
+        raise ConfigError(f"the per-rank batch {per_rank_batch} does not split into grad_accum_steps "
+                          f"{accum_steps} equal micro-batches; make batch_size a multiple of world size x "
+                          "grad_accum_steps")
+    return per_rank_batch // accum_steps
 
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:

@@ -1,0 +1,470 @@
+"""Who started this process and how the ranks of a job find each other: everything that needs no MindSpore.
+
+Ways a process can be started (`LaunchEnv.kind`):
+
+* standalone: `python -m msdist.train` -> world size 1, no communication at all;
+* mpirun: OpenMPI sets `OMPI_COMM_WORLD_*`. On GPU MindSpore's own OpenMPI path is used as is. On
+  CPU it does not work, so msdist bridges to MindSpore's dynamic cluster: rank 0 starts the
+  scheduler on a free port and publishes it to the other local ranks through a file keyed by the
+  mpirun job id (or every rank reads MS_SCHED_HOST/MS_SCHED_PORT when set);
+* slurm: `srun` sets `SLURM_PROCID`/`SLURM_NTASKS`/`SLURM_LOCALID`. The same bridge, with the
+  scheduler on the node srun was called from and a port derived from the job and step ids;
+* cluster: `msdist.launch`, `msrun` or the user set `MS_ROLE=MS_WORKER` and friends already;
+* scheduler: `msrun` starts the training command itself once more with `MS_ROLE=MS_SCHED`; that
+  process must serve as MindSpore's scheduler, not train.
+
+Every decision here is a pure function of the environment, so each launcher's logic is unit-tested
+even where the launcher (or a GPU) is not available.
+"""
+import ipaddress
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass
+from typing import List, Mapping, Optional, Sequence, Tuple
+
+from msdist.errors import ConfigError
+
+_logger = logging.getLogger(__name__)
+
+RENDEZVOUS_TIMEOUT_S = 120
+# Variables that switch MindSpore's init() into its dynamic cluster (UseDynamicCluster() reads
+# MS_ROLE and MS_SCHED_HOST), which MindSpore's own OpenMPI path on GPU must not see.
+DYNAMIC_CLUSTER_VARS = ("MS_ROLE", "MS_SCHED_HOST", "MS_SCHED_PORT")
+# Ports derived from a Slurm job id fall in this range (above the usual ephemeral ports' start
+# would collide with outgoing connections; below 20000 many services listen).
+_SLURM_PORT_BASE, _SLURM_PORT_SPAN = 20000, 10000
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """What the environment says about this process, read before MindSpore loads."""
+    kind: str              # "standalone" | "mpirun" | "slurm" | "cluster" | "scheduler"
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    job_id: str = ""
+    launcher: str = ""     # who set the variables: msdist.launch, msrun, mpirun, srun, env
+
+
+def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
+    value = env.get(name, "")
+    return int(value) if value.strip().isdigit() else default
+
+
+def _leading_int(value: str, default: int) -> int:
+    """Slurm writes per-node task counts like "4(x2),3"; the first node's count is enough here."""
+    match = re.match(r"\s*(\d+)", value or "")
+    return int(match.group(1)) if match else default
+
+
+def msrun_local_worker_num(argv: Sequence[str]) -> Optional[int]:
+    """`--local_worker_num` from msrun's command line (msrun exports no local world size), else None."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--local_worker_num="):
+            value = arg.split("=", 1)[1]
+        elif arg == "--local_worker_num" and i + 1 < len(argv):
+            value = argv[i + 1]
+        else:
+            continue
+        return int(value) if value.isdigit() else None
+    return None
+
+
+def parent_argv() -> List[str]:
+    """The command line of the process that started this one ([] when unreadable)."""
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def _cluster_worker(env: Mapping[str, str], parent: Sequence[str]) -> LaunchEnv:
+    world = _int_env(env, "MS_WORKER_NUM", 1)
+    rank = _int_env(env, "MS_NODE_ID", 0)
+    if "MSDIST_LOCAL_RANK" in env:  # msdist.launch
+        local_world = _int_env(env, "MSDIST_LOCAL_WORLD_SIZE", world)
+        return LaunchEnv("cluster", rank, world, _int_env(env, "MSDIST_LOCAL_RANK", 0), local_world,
+                         launcher="msdist.launch")
+    if "DEVICE_ID" in env and "RANK_SIZE" in env:  # msrun: DEVICE_ID is the local rank
+        local_world = msrun_local_worker_num(parent) or world
+        return LaunchEnv("cluster", rank, world, _int_env(env, "DEVICE_ID", 0), local_world, launcher="msrun")
+    return LaunchEnv("cluster", rank, world, rank, world, launcher="env")
+
+
+def detect_launch(env: Optional[Mapping[str, str]] = None, parent: Optional[Sequence[str]] = None) -> LaunchEnv:
+    """Classify how this process was started, from environment variables only.
+
+    Args:
+        env: the environment (default: os.environ).
+        parent: the parent's command line, read only under msrun (default: from /proc).
+    """
+    env = os.environ if env is None else env
+    role = env.get("MS_ROLE", "")
+    if role == "MS_SCHED":
+        return LaunchEnv("scheduler", 0, _int_env(env, "MS_WORKER_NUM", 1), 0, 1,
+                         launcher="msrun" if "RANK_SIZE" in env else "env")
+    if role == "MS_WORKER" and _int_env(env, "MS_WORKER_NUM", 1) > 1:
+        return _cluster_worker(env, parent_argv() if parent is None and "DEVICE_ID" in env else (parent or []))
+    if _int_env(env, "OMPI_COMM_WORLD_SIZE", 1) > 1:
+        return LaunchEnv("mpirun", _int_env(env, "OMPI_COMM_WORLD_RANK", 0), _int_env(env, "OMPI_COMM_WORLD_SIZE", 1),
+                         _int_env(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0), _int_env(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1),
+                         env.get("OMPI_MCA_ess_base_jobid") or env.get("PMIX_NAMESPACE") or str(os.getppid()),
+                         launcher="mpirun")
+    # SLURM_STEP_ID: only srun's tasks have it; a command run directly in the batch script also sees
+    # SLURM_NTASKS and SLURM_PROCID=0, and must stay standalone.
+    if "SLURM_STEP_ID" in env and _int_env(env, "SLURM_NTASKS", 1) > 1:
+        local_world = _int_env(env, "SLURM_NTASKS_PER_NODE", 0) or \
+            _leading_int(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", ""), 1)
+        return LaunchEnv("slurm", _int_env(env, "SLURM_PROCID", 0), _int_env(env, "SLURM_NTASKS", 1),
+                         _int_env(env, "SLURM_LOCALID", 0), local_world,
+                         f"{env.get('SLURM_JOB_ID', '0')}.{env.get('SLURM_STEP_ID', '0')}", launcher="srun")
+    return LaunchEnv("standalone", 0, 1, 0, 1)
+
+
+# ---------------------------------------------------------------- device and backend decisions
+
+@dataclass(frozen=True)
+class GpuProbe:
+    """What this host says about GPUs, gathered by `distributed.probe_gpu()`."""
+    plugin_loaded: bool
+    visible_devices: int
+    nvidia_present: bool   # NVIDIA hardware or driver on the host (/dev/nvidia0, /proc/driver/nvidia)
+    load_error: str = ""   # MindSpore's own message when its GPU plugin failed to load
+
+
+def nvidia_present(root: str = "/") -> bool:
+    """True when the host has NVIDIA hardware with its driver loaded."""
+    return os.path.exists(os.path.join(root, "dev", "nvidia0")) or \
+        os.path.exists(os.path.join(root, "proc", "driver", "nvidia"))
+
+
+def visible_gpu_count(env: Mapping[str, str], host_devices: int) -> int:
+    """GPUs this process may use: CUDA_VISIBLE_DEVICES when set (empty or -1: none), else the host's."""
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return host_devices
+    devices = [d for d in value.split(",") if d.strip()]
+    if devices and devices[0].strip() == "-1":  # CUDA: ids from the first invalid one on are hidden
+        return 0
+    return len(devices)
+
+
+def gpu_load_error(load_plugin_error: str) -> str:
+    """The GPU line of MindSpore's plugin-load report (it lists Ascend's failures too)."""
+    lines = [line.strip() for line in load_plugin_error.splitlines() if "gpu" in line.lower()]
+    return lines[0] if lines else ""
+
+
+def choose_device_target(requested: str, probe: GpuProbe) -> str:
+    """`auto`: GPU when the plugin loads and a device is visible, else CPU; never a silent fallback.
+
+    Raises:
+        ConfigError: GPU asked for but not usable, or NVIDIA hardware present while MindSpore's GPU
+            plugin failed to load (training on CPU there is almost certainly a broken install).
+    """
+    usable = probe.plugin_loaded and probe.visible_devices > 0
+    if requested == "CPU":
+        return "CPU"
+    if usable:
+        return "GPU"
+    if probe.plugin_loaded:
+        why = "MindSpore's GPU plugin loaded but no GPU is visible (CUDA_VISIBLE_DEVICES?)"
+    else:
+        why = f"MindSpore's GPU plugin did not load: {probe.load_error or 'this MindSpore build has no GPU plugin'}"
+    if requested == "GPU":
+        raise ConfigError(f"--device_target GPU was requested but {why}; fix the GPU install or use "
+                          "--device_target CPU")
+    if probe.nvidia_present and not probe.plugin_loaded:
+        raise ConfigError(f"this host has NVIDIA GPUs but {why}; install the MindSpore GPU build matching the "
+                          "CUDA version, or pass --device_target CPU to train on CPU deliberately")
+    return "CPU"
+
+
+def gpu_device_id(env: Mapping[str, str], local_rank: int) -> int:
+    """The device index this rank uses: 0 when its launcher left it exactly one visible GPU (srun
+    --gpus-per-task, Kubernetes), else its local rank."""
+    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return 0 if len(visible) == 1 else local_rank
+
+
+def backend_for(device_target: str) -> str:
+    return {"GPU": "nccl", "CPU": "mccl"}[device_target]
+
+
+def needs_cluster_bridge(launch: LaunchEnv, device_target: str) -> bool:
+    """Whether msdist must start/join MindSpore's dynamic cluster for this rank.
+
+    mpirun on CPU (MindSpore's MPI path needs a GPU), and srun on any device (no MPI to lean on).
+    """
+    return launch.kind == "slurm" or (launch.kind == "mpirun" and device_target == "CPU")
+
+
+def vars_to_clear(launch: LaunchEnv, device_target: str, env: Mapping[str, str]) -> List[str]:
+    """Dynamic-cluster variables to remove before init() on MindSpore's own OpenMPI path (GPU mpirun).
+
+    MS_SCHED_HOST alone switches init() into the dynamic cluster, and a job spec that exports it for
+    the CPU bridge (deploy/slurm/train.sbatch did) would otherwise make init("nccl") fail on every rank.
+    """
+    if launch.kind != "mpirun" or needs_cluster_bridge(launch, device_target):
+        return []
+    return [name for name in DYNAMIC_CLUSTER_VARS if name in env]
+
+
+def should_finalize_mpi(launch: LaunchEnv, device_target: str) -> bool:
+    """Whether MindSpore called MPI_Init in this process, so it must call MPI_Finalize before leaving.
+
+    Only on MindSpore's own OpenMPI path: GPU under mpirun (libmpi_collective.so). Skipping it makes
+    OpenMPI report an improper exit and mpirun exit non-zero after a finished job.
+    """
+    return launch.kind == "mpirun" and not needs_cluster_bridge(launch, device_target)
+
+
+# ---------------------------------------------------------------- addresses and ports
+
+def resolve_host(name: str, what: str, retry_s: float = 0.0) -> str:
+    """A literal IP for `name` (MindSpore's cluster accepts nothing else), resolved once.
+
+    Args:
+        name: an IP address or a host name.
+        what: where the name came from, for messages (e.g. "--master_addr").
+        retry_s: keep trying this long (a peer's name may not be in DNS yet).
+
+    Raises:
+        ConfigError: the name does not resolve.
+    """
+    try:
+        return str(ipaddress.ip_address(name.strip("[]")))
+    except ValueError:
+        pass
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            ip = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+            break
+        except (socket.gaierror, UnicodeError, IndexError, OSError) as e:
+            if time.monotonic() >= deadline:
+                raise ConfigError(f"{what} {name!r} does not resolve to an address ({e}); give an IP address or a "
+                                  "host name every node can resolve") from None
+            time.sleep(1.0)
+    _logger.info("%s %s resolves to %s", what, name, ip)
+    print(f"msdist: {what} {name} resolves to {ip}", file=sys.stderr, flush=True)
+    return ip
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def slurm_port(job_id: str) -> int:
+    """A scheduler port every task of one srun step computes alike, without talking to each other."""
+    return _SLURM_PORT_BASE + zlib.crc32(job_id.encode()) % _SLURM_PORT_SPAN
+
+
+def bridge_address(launch: LaunchEnv, env: Mapping[str, str]) -> Tuple[str, Optional[int]]:
+    """Where this job's scheduler listens: (host, port), port None when rank 0 picks and publishes it.
+
+    MS_SCHED_HOST/MS_SCHED_PORT win when set. Otherwise: mpirun uses loopback (one host) and a port
+    published through a file; srun uses the node it was called from and a port from the step id.
+    """
+    port = env.get("MS_SCHED_PORT")
+    if launch.kind == "slurm":
+        host = env.get("MS_SCHED_HOST") or env.get("SLURM_LAUNCH_NODE_IPADDR") or "127.0.0.1"
+        return host, int(port) if port else slurm_port(launch.job_id)
+    return env.get("MS_SCHED_HOST", "127.0.0.1"), int(port) if port else None
+
+
+def is_local_address(ip: str) -> bool:
+    """True when this host can listen on `ip`."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((ip, 0))
+        return True
+    except OSError:
+        return False
+
+
+def cluster_env(host: str, port: int, world_size: int) -> dict:
+    """The variables MindSpore's dynamic cluster reads, shared by scheduler and workers."""
+    return {"MS_SCHED_HOST": host, "MS_SCHED_PORT": str(port), "MS_WORKER_NUM": str(world_size)}
+
+
+def start_scheduler(host: str, port: int, world_size: int, log_path: str) -> subprocess.Popen:
+    """Start MindSpore's scheduler as a child that dies with this process (see msdist.scheduler)."""
+    env = dict(os.environ, **cluster_env(host, port, world_size), MS_ROLE="MS_SCHED",
+               MSDIST_PARENT_PID=str(os.getpid()))
+    for name in ("MS_NODE_ID", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"):
+        env.pop(name, None)  # the scheduler is not an MPI rank nor a worker
+    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "msdist.scheduler"], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def wait_until_listening(host: str, port: int, timeout_s: float = RENDEZVOUS_TIMEOUT_S) -> None:
+    """Block until the scheduler accepts connections.
+
+    MindSpore workers that find no scheduler back off with a growing retry window (20-60 s lost at
+    start-up on this 2-core machine), so they only call init() once it is reachable.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"MindSpore scheduler at {host}:{port} did not come up within {timeout_s:.0f} s")
+
+
+def established_connections(port: int) -> int:
+    """TCP connections accepted on local `port` that are still open, from /proc/net/tcp{,6}."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            # local "ADDR:PORT" in hex; state 01 = ESTABLISHED
+            if len(fields) > 3 and fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                count += 1
+    return count
+
+
+# ---------------------------------------------------------------- the mpirun rendezvous file
+
+def rendezvous_path(job_id: str) -> str:
+    return os.path.join(tempfile.gettempdir(), f"msdist-mpirun-{job_id}.port")
+
+
+def publish_port(job_id: str, port: int) -> None:
+    path = rendezvous_path(job_id)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(str(port))
+    os.replace(tmp, path)  # readers never see a half-written port
+
+
+def wait_for_port(job_id: str, timeout_s: float = RENDEZVOUS_TIMEOUT_S) -> int:
+    path = rendezvous_path(job_id)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            time.sleep(0.1)
+    raise RuntimeError(f"rank 0 did not publish the scheduler port in {path} within {timeout_s:.0f} s; "
+                       "for mpirun across several hosts export MS_SCHED_HOST and MS_SCHED_PORT (mpirun -x)")
+
+
+def remove_rendezvous(job_id: str) -> None:
+    try:
+        os.remove(rendezvous_path(job_id))
+    except FileNotFoundError:
+        pass
+
+
+# ---------------------------------------------------------------- environment check (msdist.check)
+
+def gpu_preflight(probe: GpuProbe, local_world_size: int, env: Mapping[str, str]) -> List[str]:
+    """Problems a GPU job would hit on this host, one line each ([] = none).
+
+    Args:
+        probe: what MindSpore reports about its GPU plugin and devices.
+        local_world_size: ranks on this host.
+        env: the environment (for NCCL_SOCKET_IFNAME).
+    """
+    problems = []
+    if not probe.plugin_loaded:
+        if probe.nvidia_present:
+            problems.append(f"NVIDIA GPUs present but MindSpore's GPU plugin did not load: "
+                            f"{probe.load_error or 'this MindSpore build has no GPU plugin'}")
+        return problems
+    if probe.visible_devices == 0:
+        problems.append("MindSpore's GPU plugin loaded but no GPU is visible (check CUDA_VISIBLE_DEVICES)")
+    elif probe.visible_devices == 1 and local_world_size > 1:
+        pass  # one GPU per rank (srun --gpus-per-task, Kubernetes): every rank uses its device 0
+    elif probe.visible_devices < local_world_size:
+        problems.append(f"{local_world_size} ranks on this host but only {probe.visible_devices} visible GPU(s)")
+    ifname = env.get("NCCL_SOCKET_IFNAME", "")
+    if ifname:
+        wanted = [name.lstrip("^=") for name in ifname.split(",") if name.strip()]
+        present = {name for _, name in socket.if_nameindex()}
+        if not ifname.startswith("^") and not any(p.startswith(w) for w in wanted for p in present):
+            problems.append(f"NCCL_SOCKET_IFNAME={ifname} matches no interface here ({', '.join(sorted(present))})")
+    return problems
+
+
+def host_name_key(name: str) -> float:
+    """A host name as a float that survives an exact AllGather (48 bits of its CRC-extended hash)."""
+    return float(zlib.crc32(name.encode()) | (zlib.adler32(name.encode()) & 0xFFFF) << 32)
+
+
+def shared_host_names(keys: Sequence[float], local_world_sizes: Sequence[int]) -> List[int]:
+    """Ranks whose host name is claimed by more ranks than their host runs: two hosts share a name,
+    which breaks the per-host rank numbering NCCL and MindSpore derive from host names."""
+    counts = {}
+    for key in keys:
+        counts[key] = counts.get(key, 0) + 1
+    return [rank for rank, (key, local) in enumerate(zip(keys, local_world_sizes)) if counts[key] > local]
+
+
+# ---------------------------------------------------------------- failure reports
+
+SCHEDULER_PREFIX = "msdist.scheduler: "
+_MS_NODE_TIMEOUT_DEFAULT_S = 30  # MindSpore's documented default for MS_NODE_TIMEOUT
+_TIMED_OUT = re.compile(r"worker (\d+) is the first one timed out")
+
+
+def scheduler_verdict(log_path: str) -> str:
+    """The scheduler's one-line failure message from its log (see msdist.scheduler), or ""."""
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            lines = [line.strip() for line in f if line.startswith(SCHEDULER_PREFIX)]
+    except OSError:
+        return ""
+    return lines[-1][len(SCHEDULER_PREFIX):] if lines else ""
+
+
+def describe_timeout(verdict: str) -> str:
+    """Name the rank MindSpore's cluster timed out ("worker N is the first one timed out"), or ""."""
+    match = _TIMED_OUT.search(verdict)
+    if not match:
+        return ""
+    return (f"rank {match.group(1)} stopped responding: MindSpore's cluster heard no heartbeat from it within "
+            f"MS_NODE_TIMEOUT (stopped, hung, or its host is gone)")
+
+
+def node_timeout_s(env: Mapping[str, str]) -> float:
+    """MindSpore's scheduler-worker heartbeat timeout: MS_NODE_TIMEOUT, 30 s by default."""
+    return float(_int_env(env, "MS_NODE_TIMEOUT", _MS_NODE_TIMEOUT_DEFAULT_S))
+
+
+def rank_label(env: Mapping[str, str]) -> str:
+    """" (rank N)" for a process of a multi-rank job, from its launcher's variables, else ""."""
+    launch = detect_launch(env, parent=[])
+    return f" (rank {launch.rank})" if launch.world_size > 1 else ""

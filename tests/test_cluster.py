@@ -1,0 +1,226 @@
+"""msdist.cluster: launch detection, device and backend decisions, addresses, for every launcher.
+
+These are pure functions (environment in, decision out): the GPU and Slurm paths cannot run here,
+so their logic is checked against the variables each launcher really sets (MindSpore 2.10's msrun:
+mindspore/parallel/cluster/process_entity/_api.py; OpenMPI; Slurm's srun).
+"""
+import ctypes
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, base_env
+from msdist import cluster
+from msdist.cluster import GpuProbe
+from msdist.errors import ConfigError
+
+NO_GPU = GpuProbe(plugin_loaded=False, visible_devices=0, nvidia_present=False)
+GPU_PLUGIN_ERROR = "Load dynamic library: libmindspore_gpu.so.11.6 failed. libcudnn.so.8: cannot open shared object file"
+MPI = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+       "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_MCA_ess_base_jobid": "77"}
+# What srun gives task 5 of `srun -N2 --ntasks-per-node=4` (a job step; SLURM_STEP_ID marks it).
+SRUN = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "4",
+        "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_LAUNCH_NODE_IPADDR": "10.1.2.3"}
+# What msrun exports to worker 1 of `msrun --worker_num 4 --local_worker_num 2 --node_rank 0`.
+MSRUN_WORKER = {"MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "4", "MS_NODE_ID": "1", "MS_SCHED_HOST": "127.0.0.1",
+                "MS_SCHED_PORT": "8118", "RANK_ID": "1", "RANK_SIZE": "4", "DEVICE_ID": "1"}
+MSRUN_ARGV = ["python", "/usr/bin/msrun", "--worker_num", "4", "--local_worker_num=2", "msdist/train.py"]
+
+
+def fields(launch):
+    return (launch.kind, launch.rank, launch.world_size, launch.local_rank, launch.local_world_size)
+
+
+# ---------------------------------------------------------------- detect_launch, one test per launcher
+
+def test_standalone():
+    assert fields(cluster.detect_launch({})) == ("standalone", 0, 1, 0, 1)
+
+
+def test_mpirun():
+    mpi = cluster.detect_launch(MPI)
+    assert fields(mpi) + (mpi.job_id,) == ("mpirun", 3, 4, 1, 2, "77")
+
+
+def test_msdist_launch_worker():
+    env = {"MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "4", "MS_NODE_ID": "3", "MSDIST_LOCAL_RANK": "1",
+           "MSDIST_LOCAL_WORLD_SIZE": "2"}
+    launch = cluster.detect_launch(env)
+    assert fields(launch) == ("cluster", 3, 4, 1, 2) and launch.launcher == "msdist.launch"
+
+
+def test_msrun_worker_takes_local_rank_from_device_id_and_local_size_from_msrun():
+    launch = cluster.detect_launch(MSRUN_WORKER, parent=MSRUN_ARGV)
+    assert fields(launch) == ("cluster", 1, 4, 1, 2) and launch.launcher == "msrun"
+    # One node (msrun's default --local_worker_num equals --worker_num): every rank is local.
+    assert cluster.detect_launch(MSRUN_WORKER, parent=["msrun", "--worker_num", "4"]).local_world_size == 4
+    assert cluster.msrun_local_worker_num(["msrun", "--local_worker_num", "8"]) == 8
+
+
+def test_msrun_scheduler_role_is_not_standalone():
+    env = {"MS_ROLE": "MS_SCHED", "MS_WORKER_NUM": "2", "MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": "8118",
+           "RANK_ID": "0", "RANK_SIZE": "2"}
+    launch = cluster.detect_launch(env)
+    assert (launch.kind, launch.world_size, launch.launcher) == ("scheduler", 2, "msrun")
+
+
+def test_srun_tasks_form_one_job():
+    launch = cluster.detect_launch(SRUN)
+    assert fields(launch) + (launch.job_id,) == ("slurm", 5, 8, 1, 4, "4242.0")
+    # Without SLURM_NTASKS_PER_NODE, Slurm's compact per-node list gives the count.
+    env = {k: v for k, v in SRUN.items() if k != "SLURM_NTASKS_PER_NODE"}
+    assert cluster.detect_launch({**env, "SLURM_TASKS_PER_NODE": "4(x2)"}).local_world_size == 4
+
+
+def test_batch_script_without_srun_stays_standalone():
+    batch = {k: v for k, v in SRUN.items() if k != "SLURM_STEP_ID"}
+    batch["SLURM_PROCID"] = "0"
+    assert cluster.detect_launch(batch).kind == "standalone"
+
+
+def test_mpirun_inside_a_slurm_allocation_is_mpirun():
+    assert cluster.detect_launch({**SRUN, **MPI}).kind == "mpirun"
+
+
+def test_launcher_worker_inside_srun_is_the_launchers():
+    env = {**SRUN, "MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "8", "MS_NODE_ID": "6", "MSDIST_LOCAL_RANK": "2",
+           "MSDIST_LOCAL_WORLD_SIZE": "4"}
+    assert fields(cluster.detect_launch(env)) == ("cluster", 6, 8, 2, 4)
+
+
+# ---------------------------------------------------------------- bridge, backend, MPI path
+
+def test_bridge_and_backend_per_launcher():
+    mpi, srun, msrun = (cluster.detect_launch(MPI), cluster.detect_launch(SRUN),
+                        cluster.detect_launch(MSRUN_WORKER, parent=MSRUN_ARGV))
+    assert cluster.backend_for("GPU") == "nccl" and cluster.backend_for("CPU") == "mccl"
+    # mpirun: GPU keeps MindSpore's own OpenMPI path; CPU bridges to the dynamic cluster.
+    assert cluster.needs_cluster_bridge(mpi, "CPU") and not cluster.needs_cluster_bridge(mpi, "GPU")
+    # srun has no MPI to lean on: the bridge on every device.
+    assert cluster.needs_cluster_bridge(srun, "GPU") and cluster.needs_cluster_bridge(srun, "CPU")
+    assert not cluster.needs_cluster_bridge(msrun, "CPU") and not cluster.needs_cluster_bridge(msrun, "GPU")
+
+
+def test_gpu_mpirun_path_clears_dynamic_cluster_variables():
+    mpi = cluster.detect_launch(MPI)
+    exported = {**MPI, "MS_SCHED_HOST": "node0", "MS_SCHED_PORT": "29500"}
+    assert cluster.vars_to_clear(mpi, "GPU", exported) == ["MS_SCHED_HOST", "MS_SCHED_PORT"]
+    assert cluster.vars_to_clear(mpi, "CPU", exported) == []          # the CPU bridge needs them
+    assert cluster.vars_to_clear(cluster.detect_launch(SRUN), "GPU", {**SRUN, "MS_SCHED_HOST": "x"}) == []
+
+
+def test_mpi_finalize_only_where_mindspore_initialized_mpi():
+    assert cluster.should_finalize_mpi(cluster.detect_launch(MPI), "GPU")
+    assert not cluster.should_finalize_mpi(cluster.detect_launch(MPI), "CPU")   # bridge: MPI never initialized
+    for env in ({}, SRUN, MSRUN_WORKER):
+        assert not cluster.should_finalize_mpi(cluster.detect_launch(env, parent=MSRUN_ARGV), "GPU")
+
+
+def test_bridge_address_per_launcher():
+    srun = cluster.detect_launch(SRUN)
+    host, port = cluster.bridge_address(srun, SRUN)
+    assert host == "10.1.2.3" and 20000 <= port < 30000
+    assert port == cluster.bridge_address(srun, dict(SRUN))[1]  # every task computes the same port
+    other_step = cluster.detect_launch({**SRUN, "SLURM_STEP_ID": "1"})
+    assert cluster.bridge_address(other_step, SRUN)[1] != port
+    assert cluster.bridge_address(srun, {**SRUN, "MS_SCHED_HOST": "n0", "MS_SCHED_PORT": "29500"}) == ("n0", 29500)
+    mpi = cluster.detect_launch(MPI)
+    assert cluster.bridge_address(mpi, MPI) == ("127.0.0.1", None)  # rank 0 picks and publishes a port
+    assert cluster.bridge_address(mpi, {**MPI, "MS_SCHED_HOST": "n0", "MS_SCHED_PORT": "1"}) == ("n0", 1)
+
+
+# ---------------------------------------------------------------- device choice
+
+def test_auto_picks_gpu_only_with_plugin_and_a_visible_device():
+    assert cluster.choose_device_target("auto", GpuProbe(True, 2, True)) == "GPU"
+    assert cluster.choose_device_target("auto", GpuProbe(True, 0, True)) == "CPU"   # plugin, nothing visible
+    assert cluster.choose_device_target("auto", NO_GPU) == "CPU"
+    assert cluster.choose_device_target("CPU", GpuProbe(True, 2, True)) == "CPU"
+
+
+def test_nvidia_hardware_without_plugin_stops_with_mindspores_error():
+    broken = GpuProbe(False, 0, True, cluster.gpu_load_error("Load libmindspore_ascend.so failed.\n" +
+                                                              GPU_PLUGIN_ERROR))
+    with pytest.raises(ConfigError) as e:
+        cluster.choose_device_target("auto", broken)
+    assert "libcudnn.so.8" in str(e.value) and "\n" not in str(e.value) and "--device_target CPU" in str(e.value)
+    with pytest.raises(ConfigError, match="no GPU is visible"):
+        cluster.choose_device_target("GPU", GpuProbe(True, 0, True))
+
+
+def test_one_visible_gpu_per_task_uses_device_0():
+    assert cluster.gpu_device_id({"CUDA_VISIBLE_DEVICES": "3"}, local_rank=3) == 0
+    assert cluster.gpu_device_id({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, local_rank=3) == 3
+    assert cluster.gpu_device_id({}, local_rank=2) == 2
+    assert cluster.visible_gpu_count({"CUDA_VISIBLE_DEVICES": ""}, 8) == 0
+    assert cluster.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "-1"}, 8) == 0
+    assert cluster.visible_gpu_count({}, 8) == 8
+
+
+def test_gpu_preflight():
+    assert cluster.gpu_preflight(NO_GPU, 2, {}) == []
+    [line] = cluster.gpu_preflight(GpuProbe(False, 0, True, GPU_PLUGIN_ERROR), 2, {})
+    assert "libcudnn.so.8" in line
+    assert "only 2 visible" in cluster.gpu_preflight(GpuProbe(True, 2, True), 4, {})[0]
+    assert cluster.gpu_preflight(GpuProbe(True, 1, True), 4, {}) == []  # one GPU per task
+    assert "no GPU is visible" in cluster.gpu_preflight(GpuProbe(True, 0, True), 1, {})[0]
+    [nccl] = cluster.gpu_preflight(GpuProbe(True, 4, True), 4, {"NCCL_SOCKET_IFNAME": "nosuchif0"})
+    assert "NCCL_SOCKET_IFNAME=nosuchif0 matches no interface" in nccl
+    assert cluster.gpu_preflight(GpuProbe(True, 4, True), 4, {"NCCL_SOCKET_IFNAME": "lo"}) == []
+
+
+def test_shared_host_names_are_found():
+    a, b = cluster.host_name_key("node-a"), cluster.host_name_key("node-b")
+    assert a != b and a == float(int(a))
+    assert cluster.shared_host_names([a, a, b, b], [2, 2, 2, 2]) == []
+    assert cluster.shared_host_names([a, a, a, a], [2, 2, 2, 2]) == [0, 1, 2, 3]  # two hosts named node-a
+
+
+# ---------------------------------------------------------------- addresses
+
+def test_host_names_resolve_to_an_ip():
+    assert cluster.resolve_host("127.0.0.1", "--master_addr") == "127.0.0.1"
+    assert cluster.resolve_host("localhost", "--master_addr") == "127.0.0.1"
+    assert cluster.resolve_host(socket.gethostname(), "MS_SCHED_HOST").count(".") == 3
+
+
+def test_unresolvable_host_name_is_one_line_within_seconds():
+    began = time.monotonic()
+    with pytest.raises(ConfigError) as e:
+        cluster.resolve_host("no-such-host.invalid", "--master_addr")
+    assert time.monotonic() - began < 10
+    assert "--master_addr 'no-such-host.invalid' does not resolve" in str(e.value) and "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------- MPI finalize, for real
+
+_MPI_PROGRAM = """
+import ctypes, os, sys
+from msdist import distributed
+mpi = ctypes.CDLL("libmpi.so.40", mode=ctypes.RTLD_GLOBAL)
+mpi.MPI_Init(None, None)
+if sys.argv[1] == "finalize":
+    assert distributed.finalize_mpi()
+os._exit(0)
+"""
+
+
+@pytest.mark.multiprocess
+def test_finalize_mpi_lets_mpirun_exit_0_after_os_exit():
+    """What MindSpore's GPU path does (MPI_Init in-process, then msdist's os._exit), with and without
+    distributed.finalize_mpi(): only with it does mpirun count the exit as clean."""
+    try:
+        ctypes.CDLL("libmpi.so.40")
+    except OSError:
+        pytest.skip("OpenMPI's libmpi.so.40 is not installed")
+    status = {}
+    for mode in ("finalize", "skip"):
+        proc = subprocess.run(["mpirun", "-n", "2", "--oversubscribe", sys.executable, "-c", _MPI_PROGRAM, mode],
+                              cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=120)
+        status[mode] = (proc.returncode, proc.stdout + proc.stderr)
+    assert status["finalize"][0] == 0, status["finalize"][1]
+    assert status["skip"][0] != 0, status["skip"][1]

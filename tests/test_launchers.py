@@ -1,0 +1,112 @@
+"""Launchers other than msdist.launch, for real: MindSpore's msrun, and plain mpirun's failure reports.
+
+Each test starts real ranks of msdist.train on the tiny config and the shipped mini data set.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REAL_DATA, REPO, base_env, mpirun, tiny_args
+
+RUN_LIMIT_S = 300
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_msrun_two_workers_form_one_job(tmp_path):
+    """msrun starts the command three times: its scheduler (MS_ROLE=MS_SCHED) and two workers."""
+    if shutil.which("msrun") is None:
+        pytest.skip("msrun (MindSpore's launcher) is not on PATH")
+    out = tmp_path / "run"
+    cmd = ["msrun", "--worker_num", "2", "--local_worker_num", "2", "--master_port", str(_free_port()),
+           "--join", "True", "--log_dir", str(tmp_path / "msrun_logs"),
+           # msrun runs a binary only when it is named python, python3 or pytest: this interpreter comes first on PATH
+           "python3", "-m", "msdist.train", *tiny_args(REAL_DATA, out, "--max_steps", "4")]
+    env = base_env()
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    proc = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    console = proc.stdout + proc.stderr
+    assert proc.returncode == 0, console[-4000:]
+    assert console.count("eval result") == 1, console[-4000:]   # msrun tails both workers' logs
+    with open(out / "result.json", encoding="utf-8") as f:
+        assert json.load(f)["world_size"] == 2
+    # Local rank and local size come from msrun (DEVICE_ID, --local_worker_num): the ranks split the cores.
+    cores = [re.search(r"\| cores ([^|]*) \|", (out / "logs" / f"rank_{r}.log").read_text()).group(1) for r in (0, 1)]
+    assert cores[0] != cores[1], cores
+
+
+@pytest.mark.multiprocess
+def test_mpirun_ms_sched_host_accepts_a_host_name_and_names_a_bad_one():
+    """MS_SCHED_HOST=<name> under plain mpirun: resolved once to an IP; an unknown name is one line, fast.
+
+    Also msdist.check under `--bind-to none`: each local rank binds to its own cores (it passed no
+    local_rank before, so both ranks took the first slice).
+    """
+    cmd = mpirun(2) + ["--bind-to", "none", sys.executable, "-m", "msdist.check"]
+    good = subprocess.run(cmd, cwd=REPO, env={**base_env(), "MS_SCHED_HOST": "localhost"}, capture_output=True,
+                          text=True, timeout=RUN_LIMIT_S)
+    assert good.returncode == 0, good.stdout[-2000:] + good.stderr[-2000:]
+    assert "MS_SCHED_HOST localhost resolves to 127.0.0.1" in good.stderr
+    cores = sorted(re.findall(r"cores ([\d,]+|not bound)", good.stdout))
+    assert len(cores) == 2 and (cores[0] != cores[1] or os.cpu_count() == 1), good.stdout
+    began = time.monotonic()
+    bad = subprocess.run(cmd, cwd=REPO, env={**base_env(), "MS_SCHED_HOST": "no-such-host.invalid"},
+                         capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    assert bad.returncode != 0 and time.monotonic() - began < 60
+    assert "msdist: error: MS_SCHED_HOST 'no-such-host.invalid' does not resolve" in bad.stderr, bad.stderr[-2000:]
+
+
+def _mpirun_train(tmp_path, name, fault, extra_env=None):
+    """Plain `mpirun -n 2 msdist.train` (CPU bridge) with a fault injected into rank 1; (proc, seconds)."""
+    env = {**base_env(), "MSDIST_FAULT_INJECT": fault, **(extra_env or {})}
+    began = time.monotonic()
+    proc = subprocess.run(mpirun(2) + [sys.executable, "-m", "msdist.train",
+                                       *tiny_args(REAL_DATA, tmp_path / name, "--max_steps", "30")],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    return proc, time.monotonic() - began
+
+
+def _last_msdist_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.startswith("msdist")]
+    return lines[-1] if lines else ""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_mpirun_stopped_rank_is_named_by_the_cluster_timeout(tmp_path):
+    """SIGSTOP of rank 1 under plain mpirun: MindSpore's scheduler times it out (MS_NODE_TIMEOUT, shortened
+    to 10 s here), and rank 0 ends the job with one line naming rank 1 and the cause."""
+    proc, seconds = _mpirun_train(tmp_path, "stopped", "1:3:stop", {"MS_NODE_TIMEOUT": "10"})
+    assert proc.returncode != 0
+    last = _last_msdist_line(proc.stderr)
+    assert "msdist: job failed: rank 1 stopped responding" in last and "MS_NODE_TIMEOUT" in last, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr.split(last)[-1]
+    # The scheduler's own account is one line too, not a traceback.
+    with open(tmp_path / "stopped" / "logs" / "scheduler.log", encoding="utf-8") as f:
+        sched = [line for line in f if line.startswith("msdist.scheduler:")]
+    assert len(sched) == 1 and "worker 1 is the first one timed out" in sched[0], sched
+
+
+@pytest.mark.multiprocess
+def test_mpirun_failed_rank_is_named(tmp_path):
+    """An exception in rank 1: the last msdist line says which rank and what; kill -9: mpirun names it."""
+    proc, _ = _mpirun_train(tmp_path, "raised", "1:3:raise")
+    assert proc.returncode != 0
+    last = _last_msdist_line(proc.stderr)
+    assert "RuntimeError: injected fault on rank 1" in last and "(rank 1)" in last, proc.stderr[-3000:]
+    proc, seconds = _mpirun_train(tmp_path, "killed", "1:3:kill")
+    assert proc.returncode != 0 and "rank 1" in proc.stderr and "signal 9" in proc.stderr, proc.stderr[-3000:]
