@@ -15,7 +15,7 @@ from typing import Dict, Sequence
 import numpy as np
 
 from msdist import config, heartbeat, monitor, runtime, startup
-from msdist.data import pipeline
+from msdist.data import augment, pipeline
 from msdist.errors import ConfigError, DataError, alike_on_every_rank, cli_main
 
 _logger = logging.getLogger("msdist.train")
@@ -82,7 +82,6 @@ class Data:
 
 def load_data(cfg, dist, collectives, rt) -> Data:
     """Check the tree (rank 0 decodes every image once, cached), list both splits, plan the epoch."""
-    from msdist.data import augment
     from msdist.data import check as data_check
     # All ranks leave out the same files, so the class map and the shards agree everywhere.
     excluded = data_check.shared_exclusions(cfg.data_dir, cfg.bad_images == "skip", dist.is_main, collectives)
