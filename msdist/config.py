@@ -58,6 +58,23 @@ TRAIN_OPTIONS = [
     _opt("num_classes", int, 0, "number of classes; 0 takes it from Training/", min=0),
     _opt("augment", boolean, True, "random crop with padding + horizontal flip on training images"),
     _opt("crop_padding", int, 4, "pixels of zero padding around the image before the random crop", min=0),
+    _opt("train_crop", str, "resize", "with augment: resize = resize to image_size, then the padded random crop; "
+         "random_resized = a random crop of crop_scale of the area at an aspect ratio in crop_ratio, resized to "
+         "image_size (Inception/timm style)", choices=("resize", "random_resized")),
+    _opt("crop_scale_min", float, 0.08, "random_resized: smallest crop area, as a fraction of the image", above=0,
+         max=1),
+    _opt("crop_scale_max", float, 1.0, "random_resized: largest crop area, as a fraction of the image", above=0,
+         max=1),
+    _opt("crop_ratio_min", float, 0.75, "random_resized: smallest crop aspect ratio (width / height)", above=0),
+    _opt("crop_ratio_max", float, 4 / 3, "random_resized: largest crop aspect ratio (width / height)", above=0),
+    _opt("color_jitter", float, 0.0, "random brightness, contrast and saturation factors in [1 - F, 1 + F] per "
+         "training image; 0 = off", min=0, max=1),
+    _opt("label_smoothing", float, 0.0, "share of each training target spread evenly over all classes; 0 = off "
+         "(the evaluation loss stays plain cross-entropy)", min=0, max=0.99),
+    _opt("mixup", float, 0.0, "mixup alpha: blend each training image and label with a partner from the same "
+         "global batch, weight ~ Beta(alpha, alpha); 0 = off", min=0),
+    _opt("cutmix", float, 0.0, "cutmix alpha: paste a box of a partner image from the same global batch, box "
+         "area ~ Beta(alpha, alpha); 0 = off; with mixup too, each step uses one of them at random", min=0),
     _opt("shuffle", boolean, True, "reshuffle the training set every epoch (same permutation on every rank)"),
     _opt("num_workers", int, 0, "dataset map workers per rank; 0 derives it from the cores per rank", min=0),
     # model

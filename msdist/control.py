@@ -39,12 +39,12 @@ def _train(kind, data_dir, model, image_size, batch_size, at_steps, lr, seed, mo
     from mindspore import nn
 
     from msdist import engine, optim
-    from msdist.data import pipeline
+    from msdist.data import pipeline, plan
     from msdist.layers import replace_batchnorm
 
     classes = pipeline.class_map(data_dir)
     split = pipeline.list_split(data_dir, pipeline.TRAIN_SPLIT, classes)
-    steps_per_epoch = pipeline.steps_per_epoch(len(split), batch_size)
+    steps_per_epoch = plan.steps_per_epoch(len(split), batch_size)
     ms.set_seed(seed)  # as train: identical initial weights for both kinds
     np.random.seed(seed)
     net = engine.build_network(model, len(classes), False, False, 1)

@@ -36,6 +36,19 @@ class TrainStep(nn.Cell):
         return self(images, labels)
 
 
+def create_loss(soft_labels: bool):
+    """Training cross-entropy: on class indices, or on float class distributions (mixup, cutmix, smoothing)."""
+    return nn.SoftmaxCrossEntropyWithLogits(sparse=not soft_labels, reduction="mean")
+
+
+def label_placeholder(batch: int, num_classes: int, soft_labels: bool):
+    """The label input the train step compiles for: int32 (batch,) or float32 (batch, classes)."""
+    import mindspore as ms
+    if soft_labels:
+        return ms.Tensor(shape=(batch, num_classes), dtype=ms.float32)
+    return ms.Tensor(shape=(batch,), dtype=ms.int32)
+
+
 def build_network(model: str, num_classes: int, zero_init_last_bn: bool, sync_bn: bool, world_size: int):
     """The model from the registry, with cross-rank BatchNorm swapped in when asked."""
     from models import create_model

@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     dist, collectives = startup.join(started, os.path.join(cfg.output_dir, "logs"), log_name="eval_rank")
     from msdist import checkpoint, distributed, engine
     from msdist.data import check as data_check
-    from msdist.data import pipeline
+    from msdist.data import pipeline, plan
 
     # The same data check as training: a corrupt Test image is named, never a C++ decoder trace.
     excluded = data_check.shared_exclusions(cfg.data_dir, cfg.bad_images == "skip", dist.is_main, collectives)
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     num_classes = cfg.num_classes or len(classes)
     net = engine.build_network(cfg.model, num_classes, cfg.zero_init_last_bn, cfg.sync_bn, dist.world_size)
     checkpoint.load_weights(cfg.ckpt, net)
-    batch = cfg.eval_batch_size or pipeline.per_rank_batch(cfg.batch_size, dist.world_size)
+    batch = cfg.eval_batch_size or plan.per_rank_batch(cfg.batch_size, dist.world_size)
     metrics = evaluate_split(net, test_split, batch_size=batch, image_size=cfg.image_size, dist=dist,
                              workers=cfg.num_workers or started.rt.threads_per_rank, collectives=collectives,
                              num_classes=num_classes)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence, Tuple
 
 from msdist import cluster, config, distributed, runtime
-from msdist.data import pipeline
+from msdist.data import pipeline, plan
 from msdist.errors import ConfigError, alike_on_every_rank
 
 Check = Callable[[argparse.Namespace, int], None]  # (config, world size) -> raises a UserError
@@ -38,7 +38,7 @@ def check_model(cfg, world_size: int) -> None:
 
 
 def check_batch_split(cfg, world_size: int) -> None:
-    pipeline.micro_batch_size(pipeline.per_rank_batch(cfg.batch_size, world_size), cfg.grad_accum_steps)
+    plan.micro_batch_size(plan.per_rank_batch(cfg.batch_size, world_size), cfg.grad_accum_steps)
 
 
 def check_data_dir(cfg, world_size: int) -> None:

@@ -15,7 +15,7 @@ from typing import Dict, Sequence
 import numpy as np
 
 from msdist import config, heartbeat, monitor, runtime, startup
-from msdist.data import pipeline
+from msdist.data import augment, pipeline, plan
 from msdist.errors import ConfigError, DataError, alike_on_every_rank, cli_main
 
 _logger = logging.getLogger("msdist.train")
@@ -77,6 +77,7 @@ class Data:
     per_rank_batch: int
     steps_per_epoch: int
     workers: int
+    regularization: "augment.Regularization"   # the per-sample options beyond crop and flip
 
 
 def load_data(cfg, dist, collectives, rt) -> Data:
@@ -86,13 +87,14 @@ def load_data(cfg, dist, collectives, rt) -> Data:
     excluded = data_check.shared_exclusions(cfg.data_dir, cfg.bad_images == "skip", dist.is_main, collectives)
     classes = pipeline.class_map(cfg.data_dir)
     train_split = pipeline.list_split(cfg.data_dir, pipeline.TRAIN_SPLIT, classes, exclude=excluded)
-    steps = pipeline.steps_per_epoch(len(train_split), cfg.batch_size)
+    steps = plan.steps_per_epoch(len(train_split), cfg.batch_size)
     if steps == 0:
         raise DataError(f"{len(train_split)} training images cannot fill one global batch of {cfg.batch_size}; "
                         "lower --batch_size")
     return Data(classes, train_split, pipeline.list_split(cfg.data_dir, pipeline.TEST_SPLIT, classes, exclude=excluded),
-                excluded, pipeline.per_rank_batch(cfg.batch_size, dist.world_size), steps,
-                cfg.num_workers or rt.threads_per_rank)
+                excluded, plan.per_rank_batch(cfg.batch_size, dist.world_size), steps,
+                cfg.num_workers or rt.threads_per_rank,
+                augment.regularization_from(cfg, cfg.num_classes or len(classes)))
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,6 @@ class Model:
 def build_model(cfg, dist, data: Data, rt) -> Model:
     """Network (SyncBN, AMP), LR schedule, optimizer, gradient reducer, and the compiled train step."""
     import mindspore as ms
-    from mindspore import nn
 
     from msdist import comm, ema, engine, optim, pretrained
     net = engine.build_network(cfg.model, cfg.num_classes or len(data.classes), cfg.zero_init_last_bn, cfg.sync_bn,
@@ -124,12 +125,12 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
                             data.steps_per_epoch, cfg.warmup_epochs, cfg.lr_step_size, cfg.lr_gamma, cfg.min_lr)
     optimizer = optim.create_optimizer(net.trainable_params(), lrs, cfg.momentum, cfg.weight_decay, cfg.loss_scale,
                                        cfg.backbone_lr_scale, pretrained.HEAD_PREFIX)
-    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    loss_fn = engine.create_loss(data.regularization.soft_labels)
     reducer = comm.create_reducer(cfg.grad_compression, optimizer.parameters, dist.world_size,
                                   topk_ratio=cfg.topk_ratio, threshold=cfg.threshold,
                                   error_feedback=cfg.error_feedback, loss_scale=cfg.loss_scale)
     # batch_size stays the global batch of one optimizer step; accumulation splits each rank's share.
-    micro_batch = pipeline.micro_batch_size(data.per_rank_batch, cfg.grad_accum_steps)
+    micro_batch = plan.micro_batch_size(data.per_rank_batch, cfg.grad_accum_steps)
     if cfg.grad_accum_steps > 1:
         step = comm.AccumulatingTrainStep(net, loss_fn, optimizer, cfg.loss_scale, reducer, cfg.grad_accum_steps)
     else:
@@ -140,7 +141,8 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
     compile_start = time.perf_counter()
     with runtime.compile_cache_scope(rt):  # compiled ahead of the first batch, so a restart can load it
         step.compile(ms.Tensor(shape=(micro_batch, 3, cfg.image_size, cfg.image_size), dtype=ms.float32),
-                     ms.Tensor(shape=(micro_batch,), dtype=ms.int32))
+                     engine.label_placeholder(micro_batch, data.regularization.num_classes,
+                                              data.regularization.soft_labels))
     compile_seconds = time.perf_counter() - compile_start
     _logger.info("train step compiled in %.1f s", compile_seconds)
     # Error-feedback residuals are per-rank state an exact resume needs, like the optimizer's.
@@ -164,7 +166,8 @@ def train_epoch(cfg, dist, data: Data, model: Model, watch: monitor.Watch, colle
     batches = pipeline.build_train_dataset(data.train, batch_size=data.per_rank_batch, image_size=cfg.image_size,
                                            epoch=at.epoch, seed=cfg.seed, shuffle=cfg.shuffle, augment=cfg.augment,
                                            padding=cfg.crop_padding, world_size=dist.world_size, rank=dist.rank,
-                                           global_batch=cfg.batch_size, workers=data.workers, skip_steps=at.step)
+                                           global_batch=cfg.batch_size, workers=data.workers, skip_steps=at.step,
+                                           regularization=data.regularization)
     watch.progress.start_epoch(at.epoch, at.step)
     watch.timer.restart_clock()
     step, global_step = at.step, at.global_step

@@ -80,7 +80,8 @@ def worst_relative_gap(a: dict, b: dict) -> float:
 def standalone_run(tmp_path_factory, data_dir):
     """(output_dir, process) of one short single-card run; shared by test_core and test_model_use."""
     out = tmp_path_factory.mktemp("standalone")
-    proc = run_msdist("train", tiny_args(data_dir, out, "--epochs", 1))
+    # 60 steps (5 epochs of the 192-image set): 12 steps learn or not depending on the seed's draws.
+    proc = run_msdist("train", tiny_args(data_dir, out, "--epochs", 5, "--max_steps", 60, "--save_every_epochs", 5))
     return out, proc
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, checkpoints, load_params, run_msdist, tiny_args, worst_relative_gap
-from msdist.data import pipeline
+from msdist.data import pipeline, plan
 
 STEPS = 12
 SETUP = ("--epochs", 1, "--max_steps", STEPS, "--augment", "false", "--shuffle", "true", "--deterministic", "true",
@@ -88,9 +88,9 @@ def test_sync_bn_standalone_is_plain_batchnorm():
 def test_shards_of_each_global_step_are_the_single_card_batch(world, shuffle):
     n, global_batch, seed = 1962, 48, 3  # 48 splits over 2, 3, 4 and 8 ranks
     for epoch in (0, 1, 5):
-        single = pipeline.train_indices(n, global_batch, epoch, seed, shuffle, 1, 0)
-        shards = [pipeline.train_indices(n, global_batch, epoch, seed, shuffle, world, r) for r in range(world)]
-        b = pipeline.per_rank_batch(global_batch, world)
+        single = plan.train_indices(n, global_batch, epoch, seed, shuffle, 1, 0)
+        shards = [plan.train_indices(n, global_batch, epoch, seed, shuffle, world, r) for r in range(world)]
+        b = plan.per_rank_batch(global_batch, world)
         assert all(len(s) == len(single) // world for s in shards)
         for step in range(len(single) // global_batch):
             together = np.concatenate([s[step * b:(step + 1) * b] for s in shards])
@@ -100,9 +100,9 @@ def test_shards_of_each_global_step_are_the_single_card_batch(world, shuffle):
 
 
 def test_reshuffles_every_epoch_with_one_permutation_everywhere():
-    first = pipeline.epoch_permutation(100, seed=1, epoch=0, shuffle=True)
-    assert not np.array_equal(first, pipeline.epoch_permutation(100, seed=1, epoch=1, shuffle=True))
-    assert np.array_equal(first, pipeline.epoch_permutation(100, seed=1, epoch=0, shuffle=True))
+    first = plan.epoch_permutation(100, seed=1, epoch=0, shuffle=True)
+    assert not np.array_equal(first, plan.epoch_permutation(100, seed=1, epoch=1, shuffle=True))
+    assert np.array_equal(first, plan.epoch_permutation(100, seed=1, epoch=0, shuffle=True))
     assert sorted(first) == list(range(100))
 
 

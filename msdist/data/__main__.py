@@ -2,11 +2,13 @@
 
     python -m msdist.data synth OUT [--classes K --per_class M]   write demo data
     python -m msdist.data check DIR [--tiny N]                    validate an ImageFolder tree
+    python -m msdist.data bench DIR [--workers W --image_size S --augment true|false --batch_size B --epochs E]
+                                                                  img/s of the training input pipeline
 """
 import argparse
 import sys
 
-from msdist.config import ArgumentParser
+from msdist.config import ArgumentParser, boolean
 from msdist.errors import ConfigError, DataError, cli_main
 
 
@@ -23,6 +25,14 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("dir", help="data root holding Training/ and Test/")
     check.add_argument("--tiny", type=int, default=None, metavar="N",
                        help="flag classes with fewer than N usable images (default 10)")
+    bench = sub.add_parser("bench", help="images/s of msdist's training input pipeline (read, decode, resize, "
+                                         "augment, normalize, batch) on DIR/Training, one rank")
+    bench.add_argument("dir", help="data root holding Training/")
+    bench.add_argument("--workers", type=int, default=1, help="dataset workers (default 1)")
+    bench.add_argument("--image_size", type=int, default=100, help="square resolution (default 100)")
+    bench.add_argument("--augment", type=boolean, default=True, help="random crop + flip (default true)")
+    bench.add_argument("--batch_size", type=int, default=32, help="batch size (default 32)")
+    bench.add_argument("--epochs", type=int, default=2, help="epochs timed (default 2)")
     return parser
 
 
@@ -38,6 +48,8 @@ def main(argv=None) -> int:
               f"to {args.out}")
     elif args.command == "check":
         _check(args.dir, args.tiny)
+    elif args.command == "bench":
+        _bench(args)
     return 0
 
 
@@ -51,6 +63,24 @@ def _check(data_dir: str, tiny) -> None:
     if not report.clean:
         raise DataError(f"{data_dir} is not clean: {len(report.bad)} bad file(s), {len(report.problems)} "
                         f"tree problem(s) and {len(report.warnings)} tree warning(s), listed above")
+
+
+def _bench(args) -> None:
+    import os
+    if min(args.workers, args.image_size, args.batch_size, args.epochs) < 1:
+        raise ConfigError("bench needs --workers, --image_size, --batch_size and --epochs >= 1")
+    if args.workers > (os.cpu_count() or 1):
+        raise ConfigError(f"--workers {args.workers} exceeds this host's {os.cpu_count()} cores (MindSpore's limit); "
+                          f"use at most {os.cpu_count()}")
+    from msdist import runtime
+    runtime.prepare()
+    from msdist.data import bench, pipeline
+    pipeline.check_data_dir(args.dir)
+    rate = bench.train_pipeline_rate(args.dir, workers=args.workers, image_size=args.image_size,
+                                     augment=args.augment, batch_size=args.batch_size, epochs=args.epochs)
+    print(f"msdist training pipeline: {rate:.0f} img/s ({args.dir}, workers {args.workers}, image_size "
+          f"{args.image_size}, augment {str(args.augment).lower()}, batch {args.batch_size}, {args.epochs} epochs)",
+          flush=True)
 
 
 if __name__ == "__main__":

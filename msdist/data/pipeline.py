@@ -1,26 +1,29 @@
-"""ImageFolder data: one class map, exact sharding, deterministic augmentation.
+"""ImageFolder data: the class map, the file listing, and MindSpore's C++ reading/transform chain.
 
-Why an explicit file list and sampler instead of `ds.ImageFolderDataset(num_shards, shard_id)`:
+Three separate things:
 
-* labels must come from one class->index map built from Training/ and reused for Test/, so a class
-  missing from Test cannot shift labels;
-* evaluation must see every Test image exactly once over all ranks (MindSpore's DistributedSampler
-  pads shards by repeating samples);
-* N ranks must train on exactly the single-card batches: at global step s the N shards together
-  are the single-card batch s. `train_indices` guarantees it by cutting one per-epoch permutation
-  (same seed on every rank) into global batches and dealing each batch out by rank;
-* augmentation is a pure function of (seed, epoch, sample), so it is the same on 1 or N cards and
-  after a restart, whatever the worker scheduling.
+* the class map (`class_map`): labels come from one class->index map built from Training/ and reused
+  for Test/, so a class missing from Test cannot shift labels;
+* the index plan (`msdist.data.plan`, pure Python): which sample each rank reads at each step and
+  with which augmentation parameters;
+* the chain (`build_train_dataset`, `build_eval_dataset`): MindSpore's `ImageFolderDataset` reads and
+  decodes in C++ worker threads, in exactly the plan's order (a `SubsetSampler` over the reader's own
+  file positions), and C++ ops resize and normalize. The per-sample crop/flip, which no C++ op can take
+  as per-row parameters, is one NumPy call per batch (`msdist.data.augment`).
 
-Decoding, resizing and normalizing still run in MindSpore's C++ dataset engine.
+Why not `ImageFolderDataset(num_shards, shard_id)`: its DistributedSampler pads shards by repeating
+samples, and its shards are not the single-card batches.
 """
 import os
-from dataclasses import dataclass
-from typing import Dict, Iterable, Sequence, Tuple
+from dataclasses import dataclass, replace
+from typing import Dict, Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 
-from msdist.errors import ConfigError, DataError
+from msdist.data import plan
+from msdist.data.augment import (Regularization, color_jitter, flip_batch, mix_batch, pad_crop_flip_batch,
+                                 resized_crop_box, soft_labels)
+from msdist.errors import DataError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp")
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)  # ImageNet statistics, as in the model zoo
@@ -30,9 +33,18 @@ TRAIN_SPLIT, TEST_SPLIT = "Training", "Test"
 
 @dataclass(frozen=True)
 class Split:
+    """The usable images of one split, in a fixed order, and where MindSpore's reader finds them.
+
+    `positions[i]` is file i's index in `ImageFolderDataset(root, class_indexing=classes,
+    extensions=extensions)`, which lists every image, including the ones msdist leaves out.
+    """
     files: Tuple[str, ...]
     labels: Tuple[int, ...]
     ignored: int = 0   # non-image files passed over
+    root: str = ""
+    positions: Tuple[int, ...] = ()
+    extensions: Tuple[str, ...] = ()
+    classes: Tuple[Tuple[str, int], ...] = ()
 
     def __len__(self) -> int:
         return len(self.files)
@@ -82,151 +94,193 @@ def list_split(data_dir: str, split: str, classes: Dict[str, int], exclude: Iter
         raise DataError(f"{root} has classes unknown to {TRAIN_SPLIT}/: {', '.join(unknown)}; "
                         f"add them to {TRAIN_SPLIT}/ or remove them from {split}/")
     skip = set(exclude)
-    files, labels, ignored = [], [], 0
+    files, labels, positions, extensions, ignored, listed = [], [], [], set(), 0, 0
     for name in present:
         folder = os.path.join(root, name)
+        # Sorted by name like MindSpore's ImageFolder reader (folders and files), so a file's position
+        # in this walk is its index there.
         for fname in sorted(os.listdir(folder)):
             path = os.path.join(folder, fname)
             if not is_image(fname):
                 ignored += 1
-            elif path not in skip:
+                continue
+            if path not in skip:
                 files.append(path)
                 labels.append(classes[name])
+                positions.append(listed)
+            listed += 1
+            extensions.add(os.path.splitext(fname)[1])
     if not files:
         raise DataError(f"{root} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
-    return Split(tuple(files), tuple(labels), ignored)
+    return Split(tuple(files), tuple(labels), ignored, root, tuple(positions), tuple(sorted(extensions)),
+                 tuple(sorted(classes.items(), key=lambda kv: kv[1])))
 
 
-def steps_per_epoch(num_samples: int, global_batch: int) -> int:
-    """Full global batches per epoch; the remainder is dropped, as on a single card."""
-    return num_samples // global_batch
 
 
-def per_rank_batch(global_batch: int, world_size: int) -> int:
-    if global_batch % world_size:
-        raise DataError(f"batch_size {global_batch} is the global batch and must divide evenly over "
-                        f"{world_size} ranks; use a multiple of {world_size}, e.g. "
-                        f"{max(world_size, global_batch // world_size * world_size)}")
-    return global_batch // world_size
+def usable_workers(workers: int) -> int:
+    """`workers` within 1..cores: MindSpore refuses more dataset workers than the host has cores."""
+    return max(1, min(workers, os.cpu_count() or 1))
 
 
-def micro_batch_size(per_rank_batch: int, accum_steps: int) -> int:
-    """Per-rank micro-batch: the rank's share of one optimizer step's batch, split in `accum_steps`."""
-    if per_rank_batch % accum_steps:
-        raise ConfigError(f"the per-rank batch {per_rank_batch} does not split into grad_accum_steps "
-                          f"{accum_steps} equal micro-batches; make batch_size a multiple of world size x "
-                          "grad_accum_steps")
-    return per_rank_batch // accum_steps
+def _reader(split: Split, samples: np.ndarray, workers: int):
+    """MindSpore's C++ ImageFolder reader over `samples` (indices into `split`), decoding, in that order."""
+    import mindspore.dataset as ds
+
+    # SubsetSampler keeps the given order (SubsetRandomSampler would shuffle it), and the engine
+    # delivers rows in sampler order whatever the number of workers.
+    sampler = ds.SubsetSampler([split.positions[i] for i in samples.tolist()])
+    return ds.ImageFolderDataset(split.root, class_indexing=dict(split.classes), extensions=list(split.extensions),
+                                 sampler=sampler, decode=True, num_parallel_workers=workers)
 
 
-def epoch_permutation(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """The single-card sample order of one epoch; identical on every rank."""
-    if not shuffle:
-        return np.arange(num_samples)
-    return np.random.default_rng([seed, epoch]).permutation(num_samples)
-
-
-def train_indices(num_samples: int, global_batch: int, epoch: int, seed: int, shuffle: bool,
-                  world_size: int, rank: int) -> np.ndarray:
-    """This rank's samples for one epoch, in order.
-
-    Rank r takes every N-th sample of the epoch's order starting at r. Because the per-rank batch is
-    B/N, its step-s batch is positions s*B + r, s*B + r + N, ... < (s+1)*B: the N ranks' step-s
-    batches are exactly the single-card step-s batch.
-    """
-    used = epoch_permutation(num_samples, seed, epoch, shuffle)[: steps_per_epoch(num_samples, global_batch)
-                                                                 * global_batch]
-    return used[rank::world_size]
-
-
-def eval_indices(num_samples: int, world_size: int, rank: int) -> np.ndarray:
-    """Every sample exactly once over all ranks: no padding, nothing dropped."""
-    return np.arange(rank, num_samples, world_size)
-
-
-def augment_params(seed: int, epoch: int, index: int, padding: int) -> np.ndarray:
-    """(dy, dx, flip) for one sample: a pure function, so every rank and every restart agree."""
-    rng = np.random.default_rng([seed, epoch, index, 0x5A])
-    dy, dx = rng.integers(0, 2 * padding + 1, size=2)
-    return np.array([dy, dx, rng.integers(0, 2)], dtype=np.int32)
-
-
-def pad_crop_flip(image: np.ndarray, params: np.ndarray, padding: int) -> np.ndarray:
-    """Random crop at the training resolution from a zero-padded image, then optional mirror."""
-    h, w = image.shape[:2]
-    dy, dx, flip = (int(v) for v in params)
-    if padding:
-        image = np.pad(image, ((padding, padding), (padding, padding), (0, 0)))[dy:dy + h, dx:dx + w]
-    return np.ascontiguousarray(image[:, ::-1] if flip else image)
-
-
-class _TrainSource:
-    """Random-access source: encoded bytes, label and this epoch's augmentation parameters."""
-
-    def __init__(self, split: Split, seed: int, epoch: int, padding: int):
-        self.split, self.seed, self.epoch, self.padding = split, seed, epoch, padding
-
-    def __len__(self):
-        return len(self.split)
-
-    def __getitem__(self, index):
-        return (np.fromfile(self.split.files[index], dtype=np.uint8), np.array(self.split.labels[index], dtype=np.int32),
-                augment_params(self.seed, self.epoch, int(index), self.padding))
-
-
-class _EvalSource:
-    def __init__(self, split: Split):
-        self.split = split
-
-    def __len__(self):
-        return len(self.split)
-
-    def __getitem__(self, index):
-        return np.fromfile(self.split.files[index], dtype=np.uint8), np.array(self.split.labels[index], dtype=np.int32)
-
-
-def _decode_resize(image_size: int):
+def _normalize(hwc: bool = True, mean: Sequence[float] = MEAN, std: Sequence[float] = STD):
     from mindspore.dataset import vision
-    return [vision.Decode(), vision.Resize((image_size, image_size))]
+    return vision.Normalize(mean, std, is_hwc=hwc)
 
 
-def _normalize(mean: Sequence[float] = MEAN, std: Sequence[float] = STD):
+def _resize_normalize(image_size: int, mean: Sequence[float] = MEAN, std: Sequence[float] = STD) -> list:
     from mindspore.dataset import vision
-    return [vision.Normalize(mean, std), vision.HWC2CHW()]
+    return [vision.Resize((image_size, image_size)), _normalize(True, mean, std), vision.HWC2CHW()]
 
 
 def eval_transforms(image_size: int, mean: Sequence[float] = MEAN, std: Sequence[float] = STD) -> list:
     """Encoded image bytes -> normalized CHW float32 at `image_size`: what evaluation (and prediction) sees."""
-    return _decode_resize(image_size) + _normalize(mean, std)
+    from mindspore.dataset import vision
+    return [vision.Decode()] + _resize_normalize(image_size, mean, std)
+
+
+class Batches:
+    """A built MindSpore dataset of batches whose read/decode failures name the file.
+
+    A file that breaks after the data check (or was never checked) makes MindSpore's C++ reader
+    raise a multi-page RuntimeError; iteration turns it into one DataError line naming the file.
+    """
+
+    def __init__(self, dataset, files: Sequence[str]):
+        self.dataset, self.files = dataset, files
+
+    def get_dataset_size(self) -> int:
+        return self.dataset.get_dataset_size()
+
+    def create_tuple_iterator(self, **kwargs):
+        iterator = self.dataset.create_tuple_iterator(**kwargs)
+        while True:
+            try:
+                row = next(iterator)
+            except StopIteration:
+                return
+            except RuntimeError as e:
+                raise _read_error(str(e), self.files) from None
+            yield row
+
+
+def _read_error(message: str, files: Sequence[str]) -> DataError:
+    named = [f for f in files if f in message]
+    if named:
+        return DataError(f"cannot read image {named[0]}: the file is corrupt or unreadable; run "
+                         "`python -m msdist.data check DIR` and fix or remove it (or pass --bad_images skip)")
+    reason = next((line.strip() for line in message.splitlines() if "rror" in line and line.strip()), "")
+    return DataError(f"the data pipeline failed ({reason[:200] or 'no reason given'}); run "
+                     "`python -m msdist.data check DIR`")
+
+
+class _BatchTransform:
+    """per_batch_map: the plan's per-sample augmentation of batch k, then batch mixing and soft targets.
+
+    Rows arrive decoded (and, for train_crop resize, resized to CHW) in the plan's order: this
+    rank's samples of the step, followed by their mixing partners when mixing is on.
+    """
+
+    def __init__(self, rows: np.ndarray, labels: np.ndarray, mixes, *, seed: int, epoch: int, augment: bool,
+                 padding: int, image_size: int, reg: Regularization):
+        self.rows, self.labels, self.mixes = rows, labels, mixes
+        self.seed, self.epoch, self.augment, self.padding = seed, epoch, augment, padding
+        self.image_size, self.reg = image_size, reg
+
+    def __call__(self, images, labels, info):
+        step = info.get_batch_num()
+        ids = self.rows[step]
+        labels = np.asarray(labels).reshape(-1)
+        if not np.array_equal(labels, self.labels[step]):
+            # The reader's file order disagrees with msdist's listing: never train on wrong labels.
+            raise DataError("MindSpore's ImageFolder reader listed the files in another order than msdist")
+        x = self._geometry(images, ids)
+        if self.reg.color_jitter > 0:
+            x = color_jitter(x, plan.jitter_factors(self.seed, self.epoch, ids, self.reg.color_jitter))
+        if not self.reg.soft_labels:
+            return x, labels
+        targets = soft_labels(labels, self.reg.num_classes, self.reg.label_smoothing)
+        if not self.reg.mixing:
+            return x, targets
+        own = len(ids) // 2
+        mix = self.mixes[step]
+        return mix_batch(x[:own].astype(np.float32), x[own:].astype(np.float32), targets[:own], targets[own:],
+                         mix.lam, mix.box)
+
+    def _geometry(self, images, ids: np.ndarray) -> np.ndarray:
+        """Crop and flip per sample: uint8 NCHW at the training size."""
+        params = plan.augment_params(self.seed, self.epoch, ids, self.padding)
+        if self.reg.train_crop == "random_resized":
+            x = np.stack([self._resized_crop(image, int(i)) for image, i in zip(images, ids)])
+            return flip_batch(x, params[:, 2]) if self.augment else x
+        x = np.stack(images)
+        return pad_crop_flip_batch(x, params, self.padding) if self.augment else x
+
+    def _resized_crop(self, image: np.ndarray, index: int) -> np.ndarray:
+        from mindspore.dataset import vision
+        top, left, h, w = resized_crop_box(*image.shape[:2], plan.resized_crop_uniforms(self.seed, self.epoch, index),
+                                           self.reg.crop_scale, self.reg.crop_ratio)
+        crop = np.ascontiguousarray(image[top:top + h, left:left + w])
+        return vision.Resize((self.image_size, self.image_size))(crop).transpose(2, 0, 1)
 
 
 def build_train_dataset(split: Split, *, batch_size: int, image_size: int, epoch: int, seed: int,
                         shuffle: bool, augment: bool, padding: int, world_size: int, rank: int,
-                        global_batch: int, workers: int, skip_steps: int = 0):
-    """One epoch of this rank's training batches (images NCHW float32, labels int32).
+                        global_batch: int, workers: int, skip_steps: int = 0,
+                        regularization: Optional[Regularization] = None) -> Batches:
+    """One epoch of this rank's training batches: images NCHW float32, labels int32 (or float32
+    (batch, classes) targets when `regularization` mixes or smooths them).
 
     `skip_steps` drops the epoch's first batches, for an exact resume in the middle of an epoch.
+    With `regularization.train_crop` random_resized, the crop applies only when `augment` is on.
     """
-    import mindspore.dataset as ds
+    from mindspore.dataset import vision
 
-    indices = train_indices(len(split), global_batch, epoch, seed, shuffle, world_size, rank)[skip_steps * batch_size:]
-    data = ds.GeneratorDataset(_TrainSource(split, seed, epoch, padding), ["image", "label", "aug"],
-                               sampler=indices.tolist(), num_parallel_workers=1, python_multiprocessing=False)
-    data = data.map(_decode_resize(image_size), input_columns="image", num_parallel_workers=workers)
-    if augment:
-        data = data.map(lambda img, aug: pad_crop_flip(img, aug, padding), input_columns=["image", "aug"],
-                        output_columns=["image"], num_parallel_workers=workers)
-    data = data.map(_normalize(), input_columns="image", num_parallel_workers=workers)
-    return data.project(["image", "label"]).batch(batch_size, drop_remainder=True)
+    reg = regularization or Regularization()
+    workers = usable_workers(workers)
+    steps = plan.rank_steps(len(split), global_batch, epoch, seed, shuffle, world_size, rank, skip_steps)
+    mixes = None
+    if reg.mixing:
+        partners, mixes = plan.rank_partners(len(split), global_batch, epoch, seed, shuffle, world_size, rank,
+                                             skip_steps, reg.mixup, reg.cutmix)
+        steps = np.concatenate([steps, partners], axis=1)   # the partners are read right after the step's own
+    files = [split.files[i] for i in steps.reshape(-1)]
+    data = _reader(split, steps.reshape(-1), workers)
+    if not (augment or reg.color_jitter > 0 or reg.soft_labels):
+        # Nothing per sample: the evaluation chain (a native ImageFolderDataset loop's, too), all C++.
+        data = data.map(_resize_normalize(image_size), input_columns="image", num_parallel_workers=workers)
+        return Batches(data.batch(batch_size, drop_remainder=True), files)
+    resized_crop = augment and reg.train_crop == "random_resized"
+    if not resized_crop:
+        reg = replace(reg, train_crop="resize")
+        data = data.map([vision.Resize((image_size, image_size)), vision.HWC2CHW()], input_columns="image",
+                        num_parallel_workers=workers)
+    transform = _BatchTransform(steps, np.asarray(split.labels)[steps], mixes, seed=seed, epoch=epoch,
+                                augment=augment, padding=padding, image_size=image_size, reg=reg)
+    # One Python call per batch, on uint8 images (a quarter of float32's bytes); a single worker, as threads
+    # would only queue for the GIL. Normalizing the whole batch afterwards is one more C++ op.
+    data = data.batch(steps.shape[1], drop_remainder=True, per_batch_map=transform,
+                      input_columns=["image", "label"], num_parallel_workers=1)
+    data = data.map(_normalize(hwc=False), input_columns="image", num_parallel_workers=workers)
+    return Batches(data, files)
 
 
 def build_eval_dataset(split: Split, *, batch_size: int, image_size: int, world_size: int, rank: int,
-                       workers: int):
+                       workers: int) -> Batches:
     """This rank's evaluation shard, in batches; the last batch may be short."""
-    import mindspore.dataset as ds
-
-    indices = eval_indices(len(split), world_size, rank)
-    data = ds.GeneratorDataset(_EvalSource(split), ["image", "label"], sampler=indices.tolist(),
-                               num_parallel_workers=1, python_multiprocessing=False)
-    data = data.map(eval_transforms(image_size), input_columns="image", num_parallel_workers=workers)
-    return data.batch(batch_size, drop_remainder=False)
+    samples = plan.eval_indices(len(split), world_size, rank)
+    workers = usable_workers(workers)
+    data = _reader(split, samples, workers)
+    data = data.map(_resize_normalize(image_size), input_columns="image", num_parallel_workers=workers)
+    return Batches(data.batch(batch_size, drop_remainder=False), [split.files[i] for i in samples])
