@@ -89,3 +89,13 @@ def checkpoints(output_dir, rank: int) -> list:
     folder = os.path.join(str(output_dir), "ckpt")
     return sorted(os.path.join(folder, f) for f in os.listdir(folder)
                   if f.endswith(".ckpt") and f"_rank{rank}-" in f and not f.startswith("."))
+
+
+def pad_crop_flip(image: np.ndarray, params: np.ndarray, padding: int) -> np.ndarray:
+    """The plain definition of msdist's training crop, per HWC image: random crop at the training resolution
+    from the zero-padded image, then optional mirror. `augment.pad_crop_flip_batch` must equal it."""
+    h, w = image.shape[:2]
+    dy, dx, flip = (int(v) for v in params)
+    if padding:
+        image = np.pad(image, ((padding, padding), (padding, padding), (0, 0)))[dy:dy + h, dx:dx + w]
+    return np.ascontiguousarray(image[:, ::-1] if flip else image)

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import (REPO, TINY_CONFIG, base_env, checkpoints, load_params, mpirun, run_msdist, tiny_args)
+from conftest import (REPO, TINY_CONFIG, base_env, checkpoints, load_params, mpirun, pad_crop_flip, run_msdist,
+                      tiny_args)
 from msdist import checkpoint, config, optim, startup
-from msdist.data import augment, pipeline, plan
+from msdist.data import pipeline, plan
 from msdist.errors import ConfigError, DataError
 
 TEST_SIZE = 64  # tests/data/fruits360-mini
@@ -101,9 +102,9 @@ def test_eval_shards_cover_test_exactly_once():
 
 def test_random_crop_is_at_training_resolution_from_the_padded_image():
     image = np.arange(8 * 8 * 3, dtype=np.uint8).reshape(8, 8, 3) + 1   # no zeros: padding shows as 0
-    centred = augment.pad_crop_flip(image, np.array([2, 2, 0]), padding=2)
+    centred = pad_crop_flip(image, np.array([2, 2, 0]), padding=2)
     np.testing.assert_array_equal(centred, image)                        # offset = padding: the image itself
-    corner = augment.pad_crop_flip(image, np.array([0, 4, 1]), padding=2)
+    corner = pad_crop_flip(image, np.array([0, 4, 1]), padding=2)
     assert corner.shape == image.shape                                   # never a small patch blown up
     assert (corner[:2] == 0).all() and (corner[2:, :2] == 0).all()       # 2 rows above, 2 columns right, mirrored
     np.testing.assert_array_equal(corner[2:, 2:], image[:6, 2:][:, ::-1])

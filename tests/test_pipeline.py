@@ -5,7 +5,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import run_msdist, tiny_args
+from conftest import pad_crop_flip, run_msdist, tiny_args
 from msdist.data import pipeline, plan
 from msdist.data import augment
 from msdist.data.augment import Regularization
@@ -45,7 +45,7 @@ def test_uniform_is_a_pure_function_of_seed_epoch_sample_stream():
 def test_batch_crop_flip_equals_the_per_image_reference():
     images = np.random.default_rng(0).integers(1, 255, (64, 7, 9, 3), dtype=np.uint8)
     params = plan.augment_params(1, 0, np.arange(64), padding=3)
-    expected = np.stack([augment.pad_crop_flip(x, p, 3) for x, p in zip(images, params)]).transpose(0, 3, 1, 2)
+    expected = np.stack([pad_crop_flip(x, p, 3) for x, p in zip(images, params)]).transpose(0, 3, 1, 2)
     got = augment.pad_crop_flip_batch(np.ascontiguousarray(images.transpose(0, 3, 1, 2)), params, 3)
     np.testing.assert_array_equal(got, expected)
 

@@ -59,18 +59,6 @@ def regularization_from(cfg, num_classes: int) -> Regularization:
                           cfg.label_smoothing, num_classes)
 
 
-def pad_crop_flip(image: np.ndarray, params: np.ndarray, padding: int) -> np.ndarray:
-    """Random crop at the training resolution from a zero-padded HWC image, then optional mirror.
-
-    The reference definition of the crop; `pad_crop_flip_batch` does the same to a CHW batch.
-    """
-    h, w = image.shape[:2]
-    dy, dx, flip = (int(v) for v in params)
-    if padding:
-        image = np.pad(image, ((padding, padding), (padding, padding), (0, 0)))[dy:dy + h, dx:dx + w]
-    return np.ascontiguousarray(image[:, ::-1] if flip else image)
-
-
 def _overlap(offset: int, size: int):
     """Source and target ranges of a shift by `offset` (the crop window minus the padding)."""
     lo, hi = max(0, offset), min(size, size + offset)
@@ -78,7 +66,8 @@ def _overlap(offset: int, size: int):
 
 
 def pad_crop_flip_batch(images: np.ndarray, params: np.ndarray, padding: int) -> np.ndarray:
-    """`pad_crop_flip` on each image of an NCHW batch, without materializing the padded images.
+    """Random crop at the training resolution from each zero-padded image of an NCHW batch, then optional
+    mirror, without materializing the padded images (tests/conftest.py `pad_crop_flip` is the plain definition).
 
     Args:
         images: (N, C, H, W) uint8.
