@@ -328,8 +328,8 @@ def _pick_port(plan: Plan, attempt: int) -> int:
 def _with_cluster_cause(failure: Failure, scheduler: Optional[subprocess.Popen], log_dir: str) -> Failure:
     """On node 0, a local rank that died because MindSpore's cluster timed out a rank elsewhere: name
     that rank too (the scheduler says which, right before it exits)."""
-    if scheduler is None or failure.rank is None or failure.how.startswith("killed"):
-        return failure  # a killed rank is the cause itself
+    if scheduler is None or failure.rank is None or failure.how == "killed by SIGKILL":
+        return failure  # a SIGKILLed rank is the cause itself (MindSpore ends ranks of a broken cluster by SIGTERM)
     try:
         scheduler.wait(timeout=_SCHEDULER_VERDICT_S)
     except subprocess.TimeoutExpired:
