@@ -11,25 +11,22 @@ import socket
 import sys
 import tempfile
 
-from msdist import cluster, distributed, runtime
+from msdist import cluster, config, distributed, runtime, startup
 from msdist.errors import cli_main
+
+CHECK_OPTIONS = [o for o in config.TRAIN_OPTIONS if o.name in ("device_target", "cpu_isa", "bind_cores", "verbose")]
 
 
 @cli_main
 def main(argv=None) -> int:
-    launch = cluster.detect_launch()
-    if launch.kind == "scheduler":  # msrun starts this same command as MindSpore's scheduler too
-        return distributed.run_scheduler_role(launch)
-    # local_rank: without it every local rank binds to the same slice of cores.
-    rt = runtime.prepare(verbose=False, cpu_isa="auto", local_world_size=launch.local_world_size,
-                         local_rank=launch.local_rank, rank=launch.rank)
+    started = startup.start(argv, options=CHECK_OPTIONS, prog="msdist.check", checks=())
+    problems = cluster.gpu_preflight(distributed.probe_gpu(), started.launch.local_world_size, os.environ)
+    # The scheduler log (mpirun on CPU) goes to the temp dir: a check must not litter the working directory.
+    dist, collectives = startup.join(started, os.path.join(tempfile.gettempdir(), "msdist-check"), log_name="check")
     import mindspore as ms
     import numpy as np
 
-    problems = cluster.gpu_preflight(distributed.probe_gpu(), launch.local_world_size, os.environ)
-    # The scheduler log (mpirun on CPU) goes to the temp dir: a check must not litter the working directory.
-    dist = distributed.init(launch, "auto", os.path.join(tempfile.gettempdir(), "msdist-check"), deterministic=False)
-    collectives = distributed.Collectives(dist.world_size)
+    rt, launch = started.rt, started.launch
     gathered = collectives.gather([float(dist.rank), cluster.host_name_key(socket.gethostname()),
                                    float(launch.local_world_size)])
     received = gathered[:, 0].astype(int).tolist()
@@ -40,7 +37,8 @@ def main(argv=None) -> int:
     print(f"rank {dist.rank}/{dist.world_size}: all_gather(rank) -> {received} [{'ok' if ok else 'MISMATCH'}] | "
           f"device {dist.device_target} | backend {dist.backend or 'none (standalone)'} | launch {launch.kind} | "
           f"mindspore {ms.__version__} | numpy {np.__version__} | python {platform.python_version()} | "
-          f"oneDNN ISA {rt.cpu_isa} | threads/rank {rt.threads_per_rank} | cores {','.join(map(str, rt.cores)) or 'not bound'}", flush=True)
+          f"oneDNN ISA {rt.cpu_isa} | threads/rank {rt.threads_per_rank} | "
+          f"cores {','.join(map(str, rt.cores)) or 'not bound'}", flush=True)
     for problem in problems:
         print(f"rank {dist.rank}: GPU pre-flight: {problem}", flush=True)
     distributed.finish(launch, dist, collectives)

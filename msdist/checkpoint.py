@@ -16,13 +16,18 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
-from msdist.errors import CheckpointError
+from msdist.errors import CheckpointError, first_line
+from msdist.files import atomic_write_text, replace_durably
 
 _logger = logging.getLogger(__name__)
 
 STATE_KEYS = ("epoch", "step", "global_step", "config_hash")
+# What a training checkpoint holds besides the model, by parameter-name prefix: the optimizer's moments
+# and step counter, gradient-compression residuals (msdist.comm). `Saver` refuses to save state outside
+# these, so evaluation, prediction and export (`load_weights`) always know which part is the model.
+TRAINING_STATE_PREFIXES = ("moments.", "global_step", "residual.")
 # Inside the .ckpt the state is stored under prefixed names: the optimizer's own `global_step`
 # Parameter is saved too, and a bare `global_step` entry would overwrite it.
 _STATE_PREFIX = "msdist_state."
@@ -51,21 +56,6 @@ def sha256_file(path: str) -> str:
     return digest.hexdigest()
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durably(tmp: str, final: str) -> None:
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    _fsync_dir(os.path.dirname(final) or ".")
-
-
 def save(params: List[dict], directory: str, prefix: str, rank: int, state: Dict) -> CheckpointInfo:
     """Write `params` ([{'name', 'data'}]) and `state` atomically; return what was written.
 
@@ -79,11 +69,9 @@ def save(params: List[dict], directory: str, prefix: str, rank: int, state: Dict
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.ckpt")
     # async_save stays off: the rename below must follow a finished write.
     ms.save_checkpoint(params, tmp, append_dict={_STATE_PREFIX + k: state[k] for k in STATE_KEYS})
-    _write_durably(tmp, path)
+    replace_durably(tmp, path)
     sidecar = {"sha256": sha256_file(path), **{k: state[k] for k in STATE_KEYS}}
-    with open(f"{path}.json.tmp", "w", encoding="utf-8") as f:
-        json.dump(sidecar, f)
-    _write_durably(f"{path}.json.tmp", f"{path}.json")
+    atomic_write_text(f"{path}.json", json.dumps(sidecar), durable=True)
     return CheckpointInfo(path, state["epoch"], state["step"], state["global_step"], state["config_hash"])
 
 
@@ -183,8 +171,7 @@ def load(path: str, expected: Dict[str, tuple], optional_prefixes: tuple = ()) -
     try:
         raw = ms.load_checkpoint(path, format="safetensors" if path.endswith(".safetensors") else "ckpt")
     except Exception as e:  # noqa: BLE001 - MindSpore raises several types for unreadable files
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"cannot read checkpoint {path}: {first}") from None
+        raise CheckpointError(f"cannot read checkpoint {path}: {first_line(str(e)) or type(e).__name__}") from None
     state = {k: _scalar(raw.pop(_STATE_PREFIX + k)) for k in STATE_KEYS if _STATE_PREFIX + k in raw}
     for name in [n for n in raw if n not in expected and n.startswith(optional_prefixes)]:
         del raw[name]
@@ -239,34 +226,118 @@ def _agreed_checkpoint(directory: str, prefix: str, rank: int, collectives) -> O
     return info
 
 
-def resume_state(resume: str, directory: str, prefix: str, rank: int, collectives, train_cell, params,
-                 config_hash: str, steps_per_epoch: int) -> StartPoint:
-    """Restore weights, optimizer state and LR position; return where training continues.
+def is_training_state(name: str) -> bool:
+    """Whether a checkpoint entry is training state (optimizer, residuals) rather than part of the model."""
+    return name.startswith(TRAINING_STATE_PREFIXES)
 
-    Args:
-        resume: "" (fresh start), "auto" (newest checkpoint every rank has) or a checkpoint path.
-        params: the Parameters a checkpoint holds (model, optimizer moments, global step).
+
+def _expected(params) -> Dict[str, tuple]:
+    return {p.name: (tuple(p.shape), str(p.dtype)) for p in params}
+
+
+def load_weights(path: str, net) -> None:
+    """Load the model's part of a checkpoint into `net` (evaluation, prediction, export).
+
+    Raises:
+        CheckpointError: as `load`; training state in the file is ignored, anything else must fit.
     """
     import mindspore as ms
+    params = load(path, _expected(net.get_parameters()), optional_prefixes=TRAINING_STATE_PREFIXES)["params"]
+    ms.load_param_into_net(net, params, strict_load=True)
 
-    if not resume:
-        return StartPoint()
-    if resume == "auto":
-        info = _agreed_checkpoint(directory, prefix, rank, collectives)
-        if info is None:
-            _logger.info("resume auto: no checkpoint in %s yet; starting fresh", directory)
+
+class Saver:
+    """The one owner of resumable training state: what a checkpoint holds, where it goes, how it returns.
+
+    Built once per run. Every rank has one (each rank keeps its own files, `{prefix}_rank{r}-...`),
+    and saving first checks that the replicas still agree, so no checkpoint of a diverged job exists.
+
+    Args:
+        directory, prefix, rank: where this rank's checkpoints live.
+        keep: how many of this rank's newest checkpoints survive pruning.
+        config_hash: stored in every checkpoint; a resume under another config warns.
+        net: the model; its parameters are the model part of every checkpoint.
+        train_state: the other Parameters an exact resume needs (optimizer moments and step counter,
+            gradient-compression residuals), each named under TRAINING_STATE_PREFIXES.
+        collectives: `distributed.Collectives`, for the replica check and for agreeing on a resume point.
+    """
+
+    def __init__(self, *, directory: str, prefix: str, rank: int, keep: int, config_hash: str, net,
+                 train_state: Sequence, collectives):
+        outside = [p.name for p in train_state if not is_training_state(p.name)]
+        if outside:
+            raise ValueError(f"training state {outside[:3]} is not named under {TRAINING_STATE_PREFIXES}; "
+                             "add its prefix there so evaluation can tell it from the model")
+        self.directory, self.prefix, self.rank, self.keep = directory, prefix, rank, keep
+        self.config_hash = config_hash
+        self.net = net
+        self.params = list(net.get_parameters()) + list(train_state)
+        self.collectives = collectives
+        self.newest: Optional[CheckpointInfo] = None
+
+    def save(self, epoch: int, step: int, global_step: int) -> CheckpointInfo:
+        """Check the replicas agree, write this rank's checkpoint atomically, then prune old ones."""
+        from msdist.distributed import check_replicas_identical
+        check_replicas_identical(self.collectives, self.net, f"at epoch {epoch} step {step}")
+        self.newest = save([{"name": p.name, "data": p} for p in self.params], self.directory, self.prefix,
+                           self.rank, {"epoch": epoch, "step": step, "global_step": global_step,
+                                       "config_hash": self.config_hash})
+        self._share_identical_files()
+        prune(self.directory, self.prefix, self.rank, self.keep)
+        _logger.info("saved %s", self.newest.path)
+        return self.newest
+
+    def _share_identical_files(self) -> None:
+        """Where this rank's new checkpoint is byte-identical to rank 0's and both sit on one file system,
+        keep one copy: this rank's name becomes a hard link to rank 0's file.
+
+        Data-parallel replicas hold the same weights and optimizer state, so N ranks would otherwise
+        write N equal files per save (the demo's 2 x 89 MB). Rank-local state (top-K residuals,
+        per-rank BatchNorm statistics) makes the bytes differ, and then every rank keeps its own file.
+        """
+        digest = _read_sidecar(self.newest.path)["sha256"]
+        digests = self.collectives.gather([float(int(digest[:12], 16))])[:, 0]  # 48 bits: exact in float64
+        if self.rank == 0 or digests[self.rank] != digests[0]:
+            return
+        first = os.path.join(self.directory, os.path.basename(self.newest.path).replace(
+            f"{self.prefix}_rank{self.rank}-", f"{self.prefix}_rank0-", 1))
+        theirs = _read_sidecar(first)
+        if theirs is None or theirs["sha256"] != digest:
+            return  # rank 0 writes elsewhere (another host's disk)
+        tmp = f"{self.newest.path}.link.tmp"
+        try:
+            os.link(first, tmp)
+        except OSError:  # no hard links here (some network file systems): keep the copy
+            return
+        os.replace(tmp, self.newest.path)
+
+    def resume(self, resume: str, train_cell, steps_per_epoch: int) -> StartPoint:
+        """Restore weights, optimizer state and LR position; return where training continues.
+
+        Args:
+            resume: "" (fresh start), "auto" (newest checkpoint every rank has) or a checkpoint path.
+            train_cell: the cell whose parameters (model and optimizer) the checkpoint restores.
+        """
+        import mindspore as ms
+
+        if not resume:
             return StartPoint()
-        path = info.path
-    else:
-        path = resume
-    loaded = load(path, {p.name: (tuple(p.shape), str(p.dtype)) for p in params})
-    ms.load_param_into_net(train_cell, loaded["params"], strict_load=True)
-    state = loaded["state"]
-    if state.get("config_hash") not in (None, config_hash):
-        _logger.warning("resuming from %s, which was written with a different config (hash %s, now %s)",
-                        path, state["config_hash"], config_hash)
-    global_step = int(state.get("global_step", 0))
-    epoch, skip = divmod(global_step, steps_per_epoch)
-    _logger.info("resumed from %s: epoch %d, step %d of %d, global step %d", path, epoch, skip, steps_per_epoch,
-                 global_step)
-    return StartPoint(epoch=epoch, skip_steps=skip, global_step=global_step)
+        if resume == "auto":
+            info = _agreed_checkpoint(self.directory, self.prefix, self.rank, self.collectives)
+            if info is None:
+                _logger.info("resume auto: no checkpoint in %s yet; starting fresh", self.directory)
+                return StartPoint()
+            path = info.path
+        else:
+            path = resume
+        loaded = load(path, _expected(self.params))
+        ms.load_param_into_net(train_cell, loaded["params"], strict_load=True)
+        state = loaded["state"]
+        if state.get("config_hash") not in (None, self.config_hash):
+            _logger.warning("resuming from %s, which was written with a different config (hash %s, now %s)",
+                            path, state["config_hash"], self.config_hash)
+        global_step = int(state.get("global_step", 0))
+        epoch, skip = divmod(global_step, steps_per_epoch)
+        _logger.info("resumed from %s: epoch %d, step %d of %d, global step %d", path, epoch, skip,
+                     steps_per_epoch, global_step)
+        return StartPoint(epoch=epoch, skip_steps=skip, global_step=global_step)

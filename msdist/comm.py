@@ -177,15 +177,6 @@ def residuals(reducer) -> List[Parameter]:
     return reducer.residuals() if isinstance(reducer, SparseAllGather) else []
 
 
-def micro_batch_size(per_rank_batch: int, accum_steps: int) -> int:
-    """Per-rank micro-batch: the rank's share of one optimizer step's batch, split in `accum_steps`."""
-    if per_rank_batch % accum_steps:
-        raise ConfigError(f"the per-rank batch {per_rank_batch} does not split into grad_accum_steps "
-                          f"{accum_steps} equal micro-batches; make batch_size a multiple of world size x "
-                          "grad_accum_steps")
-    return per_rank_batch // accum_steps
-
-
 class _ApplyAccumulated(nn.Cell):
     """Average the accumulated gradients, reduce them over ranks once, step the optimizer, clear."""
 

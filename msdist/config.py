@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import yaml
 
-from msdist.errors import ConfigError
+from msdist.errors import ConfigError, first_line
 from msdist.runtime import CPU_ISA_CHOICES
 
 
@@ -64,6 +64,9 @@ TRAIN_OPTIONS = [
     _opt("model", str, "resnet50", "model name from the models registry (resnet18/34/50/101, resnet_tiny)"),
     _opt("zero_init_last_bn", boolean, False, "start every residual block's last BN gamma at zero"),
     _opt("sync_bn", boolean, False, "normalize BatchNorm over the global batch (all ranks) instead of per rank"),
+    _opt("dist_bn", str, "reduce", "without sync_bn, make the ranks' BatchNorm running statistics one model before "
+         "every evaluation and checkpoint: reduce = mean over ranks, broadcast = rank 0's, none = keep per rank",
+         choices=("reduce", "broadcast", "none")),
     # optimization
     _opt("epochs", int, 10, "number of training epochs", min=1),
     _opt("max_steps", int, 0, "stop after this many optimizer steps in total; 0 = no limit", min=0),
@@ -147,12 +150,17 @@ def _build_parser(prog: str, options: Sequence[Option]) -> ArgumentParser:
     return parser
 
 
-def _did_you_mean(key: str, known: Sequence[str]) -> str:
+def _closest(key: str, known: Sequence[str]) -> str:
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
     if not close:
         # `epochs_num` vs `epochs`: a shared stem is a better hint than edit distance.
         close = [k for k in known if key.startswith(k) or k.startswith(key)][:1]
-    return f" (did you mean --{close[0]}?)" if close else ""
+    return close[0] if close else ""
+
+
+def _did_you_mean(key: str, known: Sequence[str]) -> str:
+    close = _closest(key, known)
+    return f" (did you mean --{close}?)" if close else ""
 
 
 def _load_yaml(path: str) -> dict:
@@ -166,8 +174,7 @@ def _load_yaml(path: str) -> dict:
     # ValueError: bad bytes (UnicodeDecodeError) or an impossible value such as the date 2020-13-45;
     # RecursionError: absurdly deep nesting.
     except (yaml.YAMLError, ValueError, OverflowError, RecursionError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"config file {path!r} is not valid YAML ({first}); fix the syntax") from None
+        raise ConfigError(f"config file {path!r} is not valid YAML ({first_line(str(e)) or type(e).__name__}); fix the syntax") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -191,7 +198,9 @@ def _coerce(opt: Option, value: Any, where: str) -> Any:
 
 def _validate(opt: Option, value: Any, where: str) -> None:
     if opt.choices is not None and value not in opt.choices:
-        raise ConfigError(f"{where}{opt.name}={value!r} is not one of {', '.join(map(str, opt.choices))}")
+        close = _closest(str(value), list(map(str, opt.choices)))
+        hint = f" (did you mean {close}?)" if close else ""
+        raise ConfigError(f"{where}{opt.name}={value!r} is not one of {', '.join(map(str, opt.choices))}{hint}")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if value != value or value in (float("inf"), float("-inf")):
             raise ConfigError(f"{where}{opt.name}={value} must be a finite number")

@@ -1,4 +1,5 @@
 """User-facing errors and the CLI wrapper that turns them into one line and an exit status."""
+import contextlib
 import functools
 import logging
 import os
@@ -9,7 +10,31 @@ _crash_logger = logging.getLogger("msdist.crash")
 
 
 class UserError(Exception):
-    """Something the user can fix; the message names the problem and the fix."""
+    """Something the user can fix; the message names the problem and the fix.
+
+    `alike` is set where every rank of a job finds the same problem in the same inputs (options, paths,
+    the data tree): then one rank per host reports it instead of every rank (see `cli_main`).
+    """
+    alike = False
+
+
+@contextlib.contextmanager
+def alike_on_every_rank():
+    """Mark the UserErrors raised inside as ones every rank finds alike (deterministic checks of shared inputs)."""
+    try:
+        yield
+    except UserError as e:
+        e.alike = True
+        raise
+
+
+def _reports_for_its_host() -> bool:
+    """Rank 0, and local rank 0 of every other host (whose files may differ from rank 0's)."""
+    from msdist.cluster import detect_launch  # environment only, no MindSpore
+    launch = detect_launch()
+    if launch.rank == 0:
+        return True
+    return launch.local_world_size < launch.world_size and launch.local_rank == 0
 
 
 class ConfigError(UserError):
@@ -53,6 +78,8 @@ def cli_main(func):
         try:
             return func(*args, **kwargs)
         except UserError as e:
+            if e.alike and not _reports_for_its_host():
+                raise SystemExit(2) from None  # its host's reporting rank prints the same line
             # To the rank's log file only: the console gets the one line below. Before logging is set
             # up there is no handler, and logging's last-resort handler would print a second line.
             if _crash_logger.hasHandlers():

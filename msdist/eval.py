@@ -7,17 +7,15 @@ accuracy over exactly the Test set, whatever the world size.
 import json
 import logging
 import os
+import time
 
 import numpy as np
 
-from msdist import cluster, config, distributed, runtime
-from msdist.errors import ConfigError, cli_main
+from msdist import config, monitor, runtime, startup
+from msdist.errors import cli_main
 
 _logger = logging.getLogger("msdist.eval")
-
-# Checkpoints written by msdist.train also hold optimizer state and gradient-compression residuals,
-# which evaluation does not need.
-OPTIMIZER_STATE_PREFIXES = ("moments.", "global_step", "residual.")
+_PROCESS_START = time.perf_counter()  # for the wall time in the closing summary
 
 
 def cross_entropy_sum(logits: np.ndarray, labels: np.ndarray) -> float:
@@ -64,44 +62,35 @@ def evaluate_split(net, split, *, batch_size: int, image_size: int, dist, worker
 
 @cli_main
 def main(argv=None) -> int:
-    cfg = config.parse(argv, config.EVAL_OPTIONS, prog="msdist.eval")
-    if not cfg.ckpt:
-        raise ConfigError("--ckpt is required: the checkpoint to evaluate")
-    launch = cluster.detect_launch()
-    if launch.kind == "scheduler":  # msrun starts this same command as MindSpore's scheduler too
-        return distributed.run_scheduler_role(launch)
-    rt = runtime.prepare(cfg.verbose, cfg.cpu_isa, launch.local_world_size, local_rank=launch.local_rank,
-                         rank=launch.rank, bind_cores=cfg.bind_cores)
-    from msdist import checkpoint, engine, monitor
+    started = startup.start(argv, options=config.EVAL_OPTIONS, prog="msdist.eval", checks=startup.EVAL_CHECKS)
+    cfg = started.cfg
+    # Its own log file: evaluating a run's checkpoint must not append to that run's training logs.
+    dist, collectives = startup.join(started, os.path.join(cfg.output_dir, "logs"), log_name="eval_rank")
+    from msdist import checkpoint, distributed, engine
     from msdist.data import check as data_check
     from msdist.data import pipeline
 
-    pipeline.check_data_dir(cfg.data_dir)
-    log_dir = os.path.join(cfg.output_dir, "logs")
-    os.makedirs(log_dir, exist_ok=True)
-    dist = distributed.init(launch, cfg.device_target, log_dir, cfg.deterministic)
-    runtime.configure_mindspore(rt)
-    monitor.setup_logging(log_dir, dist.rank, console=dist.is_main)
-    collectives = distributed.Collectives(dist.world_size)
     # The same data check as training: a corrupt Test image is named, never a C++ decoder trace.
     excluded = data_check.shared_exclusions(cfg.data_dir, cfg.bad_images == "skip", dist.is_main, collectives)
     classes = pipeline.class_map(cfg.data_dir)
     test_split = pipeline.list_split(cfg.data_dir, pipeline.TEST_SPLIT, classes, exclude=excluded)
     net = engine.build_network(cfg.model, cfg.num_classes or len(classes), cfg.zero_init_last_bn, cfg.sync_bn,
                                dist.world_size)
-    params = checkpoint.load(cfg.ckpt, {p.name: (tuple(p.shape), str(p.dtype)) for p in net.get_parameters()},
-                             optional_prefixes=OPTIMIZER_STATE_PREFIXES)["params"]
-    import mindspore as ms
-    ms.load_param_into_net(net, params, strict_load=True)
+    checkpoint.load_weights(cfg.ckpt, net)
     batch = cfg.eval_batch_size or pipeline.per_rank_batch(cfg.batch_size, dist.world_size)
     metrics = evaluate_split(net, test_split, batch_size=batch, image_size=cfg.image_size, dist=dist,
-                             workers=cfg.num_workers or rt.threads_per_rank,
-                             collectives=collectives)
+                             workers=cfg.num_workers or started.rt.threads_per_rank, collectives=collectives)
     if dist.is_main:
-        print(f"eval result: {{'accuracy': {metrics['accuracy']:.4f}}}", flush=True)
-        with open(os.path.join(cfg.output_dir, "eval_result.json"), "w", encoding="utf-8") as f:
+        path = os.path.join(cfg.output_dir, "eval_result.json")
+        with open(path, "w", encoding="utf-8") as f:
             json.dump({**metrics, "world_size": dist.world_size, "ckpt": cfg.ckpt}, f, indent=2)
-    distributed.finish(launch, dist, collectives)
+        print(f"eval result: {{'accuracy': {metrics['accuracy']:.4f}}}", flush=True)
+        print(monitor.summary_block("msdist.eval done", metrics, world_size=dist.world_size,
+                                    wall_seconds=time.perf_counter() - _PROCESS_START,
+                                    files=[("result", path), ("checkpoint", cfg.ckpt),
+                                           ("log", os.path.join(cfg.output_dir, "logs", "eval_rank_0.log"))]),
+              flush=True)
+    distributed.finish(started.launch, dist, collectives)
     return runtime.exit_without_teardown(0)
 
 

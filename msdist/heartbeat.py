@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Optional
 
+from msdist.files import atomic_write_text
+
 DEFAULT_INTERVAL_S = 2.0
 FAULT_ENV = "MSDIST_FAULT_INJECT"
 
@@ -92,12 +94,10 @@ class Heartbeat:
             _fail(self._fault[1], self.rank, global_step)
 
     def _write(self) -> None:
-        tmp = f"{self.path}.tmp"
         with self._lock:
-            try:
-                with open(tmp, "w", encoding="utf-8") as f:
-                    json.dump({"time": time.time(), "pid": os.getpid(), "rank": self.rank, **self._state}, f)
-                os.replace(tmp, self.path)  # the launcher never reads a half-written file
+            try:  # the launcher never reads a half-written file
+                atomic_write_text(self.path, json.dumps({"time": time.time(), "pid": os.getpid(), "rank": self.rank,
+                                                         **self._state}))
             except OSError:  # a full or vanished disk must not kill training; the launcher sees staleness
                 pass
 

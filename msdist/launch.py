@@ -29,8 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from msdist import cluster, config, heartbeat
-from msdist.data import pipeline
+from msdist import cluster, config, heartbeat, startup
 from msdist.errors import ConfigError, cli_main
 
 _POLL_S = 0.5
@@ -119,7 +118,7 @@ def parse_args(argv: Optional[List[str]] = None) -> Plan:
     # Fail here, once, rather than in N ranks; a mistyped launcher option gets its did-you-mean too.
     launcher_options = [o[2:] for o in parser._option_string_actions if o.startswith("--")]  # pylint: disable=protected-access
     cfg = config.parse(train_args, suggest_also=launcher_options)
-    pipeline.per_rank_batch(cfg.batch_size, ns.nproc_per_node * ns.nnodes)
+    startup.run_checks(cfg, ns.nproc_per_node * ns.nnodes)
     return Plan(ns.nproc_per_node, ns.nnodes, ns.node_rank, ns.master_addr or "127.0.0.1", ns.master_port,
                 ns.max_restarts, ns.heartbeat_timeout, ns.startup_timeout, list(train_args),
                 os.path.abspath(cfg.output_dir), cfg.data_dir)
@@ -460,7 +459,6 @@ def _raise_stop(signum, _frame):
 @cli_main
 def main(argv: Optional[List[str]] = None) -> int:
     plan = parse_args(argv)
-    pipeline.check_data_dir(plan.data_dir)  # named once here, not by every rank after start-up
     # MindSpore's cluster accepts only literal IPs: a host name is resolved here, once, for every rank.
     # Other nodes may start before node 0's name is in DNS (Kubernetes), so they retry for a few seconds.
     plan = dataclasses.replace(plan, master_addr=cluster.resolve_host(

@@ -1,11 +1,17 @@
-"""Cross-rank BatchNorm for CPU (mccl) and GPU (nccl) in GRAPH_MODE.
+"""Cross-rank BatchNorm for CPU (mccl) and GPU (nccl) in GRAPH_MODE, and one model per job without it.
 
 MindSpore's `nn.SyncBatchNorm` runs on Ascend only. With a small per-rank batch, plain BatchNorm
 normalizes every rank over its own few samples, so N ranks train a different model than one card
-with the same global batch. `SyncBatchNorm2d` normalizes over the global batch instead: one
-AllReduce of [sum, sum of squares, count] per layer in the forward pass. AllReduce's own backward
-(an AllReduce of the incoming gradient) carries the cross-rank terms of the gradient, so with the
-data-parallel mean of gradients the update equals the single-card one.
+with the same global batch. `SyncBatchNorm2d` normalizes over the global batch instead, with the
+same two collectives as PyTorch's SyncBatchNorm:
+
+- forward: one AllGather of each rank's [count, mean, M2] per channel (M2 = sum of squared
+  deviations from the rank's own mean), combined by Chan's formula in the same order on every
+  rank: no E[x^2] - E[x]^2 cancellation, and bitwise-identical statistics everywhere;
+- backward (explicit, not derived by autodiff): one AllReduce of [sum(dy), sum(dy * x_hat), count],
+  then the element-wise BatchNorm gradient with the global means of both sums.
+
+Without sync_bn, `unify_bn_stats` makes the per-rank running statistics one model (`--dist_bn`).
 """
 import logging
 
@@ -13,51 +19,118 @@ import mindspore as ms
 from mindspore import Parameter, nn, ops
 
 _logger = logging.getLogger(__name__)
+_STAT_AXES = (0, 2, 3)
+DIST_BN_MODES = ("reduce", "broadcast", "none")
 
 
-class SyncBatchNorm2d(nn.Cell):
+def _per_channel(v):
+    return v.reshape((1, -1, 1, 1))
+
+
+class _SyncBatchNormFunction(nn.Cell):
+    """(x, gamma, beta) -> (y, mean, biased var, count) over all ranks, with its own backward.
+
+    Holds no Parameters: a custom `bprop` returns gradients for its inputs only, so gamma and beta
+    come in as inputs and their gradients go out through the ordinary data-parallel reducer.
+    """
+
+    def __init__(self, eps: float, world_size: int):
+        super().__init__()
+        self.eps = eps
+        self.world_size = world_size
+        self.gather = ops.AllGather() if world_size > 1 else None
+        self.all_reduce = ops.AllReduce() if world_size > 1 else None
+        # The affine part after the statistics is MindSpore's fused inference-mode BatchNorm kernel.
+        self.normalize = ops.BatchNorm(is_training=False, epsilon=eps)
+
+    def add_flags_recursive(self, **flags):
+        # auto_mixed_precision O3 flags every cell float16; the global statistics stay float32
+        # (a float16 sum of squares over the global batch overflows).
+        if flags.get("fp16") or flags.get("bf16"):
+            flags = dict(flags, fp16=False, bf16=False, fp32=True)
+        return super().add_flags_recursive(**flags)
+
+    def construct(self, x, gamma, beta):
+        n_local = x.shape[0] * x.shape[2] * x.shape[3]
+        mean_local = x.mean(axis=_STAT_AXES)
+        m2_local = ops.square(x - _per_channel(mean_local)).sum(axis=_STAT_AXES)
+        count_local = ops.fill(ms.float32, mean_local.shape, float(n_local))
+        local = ops.stack((count_local, mean_local, m2_local))
+        if self.gather is None:
+            count, mean, var = count_local[0], mean_local, m2_local / n_local
+        else:
+            ranks = self.gather(local).reshape((self.world_size, 3, -1))  # rank-major, same order everywhere
+            counts = ranks[:, 0]
+            count = counts.sum(axis=0)
+            mean = (counts * ranks[:, 1]).sum(axis=0) / count
+            # Chan et al.: M2 = sum of the ranks' M2 + sum of n_r * (mean_r - mean)^2, both terms >= 0.
+            m2 = ranks[:, 2].sum(axis=0) + (counts * ops.square(ranks[:, 1] - mean)).sum(axis=0)
+            var = m2 / count
+            count = count[0]
+        y = self.normalize(x, gamma, beta, mean, var)[0]
+        return y, mean, var, count
+
+    def bprop(self, x, gamma, beta, out, dout):
+        _, mean, var, _ = out
+        dy = dout[0]  # mean, var and count leave this cell only through stop_gradient
+        invstd = ops.rsqrt(var + self.eps)
+        x_hat = (x - _per_channel(mean)) * _per_channel(invstd)
+        sum_dy = dy.sum(axis=_STAT_AXES)
+        sum_dy_xhat = (dy * x_hat).sum(axis=_STAT_AXES)
+        n_local = ops.fill(ms.float32, (1,), float(x.shape[0] * x.shape[2] * x.shape[3]))
+        totals = ops.concat((sum_dy, sum_dy_xhat, n_local))
+        if self.all_reduce is not None:
+            totals = self.all_reduce(totals)
+        channels = sum_dy.shape[0]
+        count = totals[2 * channels]
+        mean_dy = totals[:channels] / count
+        mean_dy_xhat = totals[channels:2 * channels] / count
+        dx = (dy - _per_channel(mean_dy) - x_hat * _per_channel(mean_dy_xhat)) * _per_channel(gamma * invstd)
+        # This rank's share of dgamma/dbeta: the data-parallel reducer averages them like any gradient.
+        return dx, sum_dy_xhat, sum_dy
+
+
+class SyncBatchNorm2d(nn.BatchNorm2d):
     """BatchNorm over the batch of all ranks (NCHW), a drop-in for `nn.BatchNorm2d`.
 
     Takes over the Parameters of an existing BatchNorm2d (same names), so checkpoints stay
     interchangeable with the plain model. Running statistics use the unbiased global variance,
-    as `nn.BatchNorm2d` does, and are identical on every rank.
+    as `nn.BatchNorm2d` does, and are identical on every rank. Statistics are float32 whatever the
+    input dtype; under `auto_mixed_precision` O2 the layer stays float32 like `nn.BatchNorm2d`.
 
     Args:
         bn: the BatchNorm2d whose parameters and hyper-parameters are taken over.
+        world_size: number of ranks normalized over (1 = this process only: the same math, no
+            collectives; used as the element-wise control of MindSpore's fused BatchNorm).
     """
 
-    def __init__(self, bn: nn.BatchNorm2d):
-        super().__init__(auto_prefix=False)
+    def __init__(self, bn: nn.BatchNorm2d, world_size: int):  # pylint: disable=super-init-not-called
+        # A BatchNorm2d by type, so MindSpore's AMP black list (isinstance) keeps it float32 at O2;
+        # nn.BatchNorm2d.__init__ is skipped because it would create Parameters that bn already holds.
+        nn.Cell.__init__(self, auto_prefix=False)  # pylint: disable=non-parent-init-called
         self.gamma: Parameter = bn.gamma
         self.beta: Parameter = bn.beta
         self.moving_mean: Parameter = bn.moving_mean
         self.moving_variance: Parameter = bn.moving_variance
+        self.num_features = int(bn.num_features)
         self.eps = float(bn.eps)
-        # nn.BatchNorm2d stores 1 - momentum (the weight of the new batch statistic); keep the old value's.
-        self.momentum = 1.0 - float(bn.momentum)
-        self.all_reduce = ops.AllReduce()
-        self.channels = int(bn.num_features)
+        self.momentum = float(bn.momentum)  # as nn.BatchNorm2d stores it: the weight of the new batch statistic
+        self.world_size = world_size
+        self.function = _SyncBatchNormFunction(self.eps, world_size)
+        self.inference = ops.BatchNorm(is_training=False, epsilon=self.eps)
 
     def construct(self, x):
         if not self.training:
-            return self._normalize(x, self.moving_mean, self.moving_variance)
-        n_local = ops.cast(ops.size(x) // self.channels, ms.float32)
-        local = ops.concat((x.sum(axis=(0, 2, 3)), (x * x).sum(axis=(0, 2, 3)), n_local.reshape((1,))))
-        total = self.all_reduce(local)
-        count = total[2 * self.channels]
-        mean = total[:self.channels] / count
-        var = ops.maximum(total[self.channels:2 * self.channels] / count - mean * mean, 0.0)
-        unbiased = ops.stop_gradient(var * count / ops.maximum(count - 1.0, 1.0))
-        new_mean = self.momentum * self.moving_mean + (1.0 - self.momentum) * ops.stop_gradient(mean)
-        new_var = self.momentum * self.moving_variance + (1.0 - self.momentum) * unbiased
-        out = self._normalize(x, mean, var)
-        out = ops.depend(out, ops.assign(self.moving_mean, new_mean))
-        return ops.depend(out, ops.assign(self.moving_variance, new_var))
-
-    def _normalize(self, x, mean, var):
-        scale = self.gamma * ops.rsqrt(var + self.eps)
-        shift = self.beta - mean * scale
-        return x * scale.reshape((1, -1, 1, 1)) + shift.reshape((1, -1, 1, 1))
+            return self.inference(x, self.gamma, self.beta, self.moving_mean, self.moving_variance)[0]
+        y, mean, var, count = self.function(ops.cast(x, ms.float32), ops.cast(self.gamma, ms.float32),
+                                            ops.cast(self.beta, ms.float32))
+        mean, var, count = ops.stop_gradient(mean), ops.stop_gradient(var), ops.stop_gradient(count)
+        unbiased = var * count / ops.maximum(count - 1.0, 1.0)
+        new_mean = (1.0 - self.momentum) * self.moving_mean + self.momentum * mean
+        new_var = (1.0 - self.momentum) * self.moving_variance + self.momentum * unbiased
+        y = ops.depend(y, ops.assign(self.moving_mean, new_mean))
+        y = ops.depend(y, ops.assign(self.moving_variance, new_var))
+        return ops.cast(y, x.dtype)
 
 
 def convert_sync_batchnorm(net: nn.Cell, world_size: int) -> nn.Cell:
@@ -68,15 +141,28 @@ def convert_sync_batchnorm(net: nn.Cell, world_size: int) -> nn.Cell:
     """
     if world_size == 1:
         return net
+    replaced = replace_batchnorm(net, world_size)
+    _logger.info("sync_bn: %d BatchNorm layers now normalize over all %d ranks", replaced, world_size)
+    return net
+
+
+def replace_batchnorm(net: nn.Cell, world_size: int) -> int:
+    """Swap every plain `nn.BatchNorm2d` in `net` for a `SyncBatchNorm2d` over `world_size` ranks.
+
+    `world_size=1` gives msdist's element-wise BatchNorm on one process: the control that measures
+    how far two correct single-card BatchNorm implementations drift apart.
+
+    Returns:
+        How many layers were replaced.
+    """
     replaced = 0
     for _, cell in net.cells_and_names():
         for child_name, child in list(cell.name_cells().items()):
-            if isinstance(child, nn.BatchNorm2d):
+            if type(child) is nn.BatchNorm2d:  # pylint: disable=unidiomatic-typecheck  # not SyncBatchNorm2d
                 # Cell has no public "replace child" API; swap the entry and refresh the
                 # SequentialCell's cached list, which its construct() iterates.
-                cell._cells[child_name] = SyncBatchNorm2d(child)  # pylint: disable=protected-access
+                cell._cells[child_name] = SyncBatchNorm2d(child, world_size)  # pylint: disable=protected-access
                 if hasattr(cell, "cell_list"):
                     cell.cell_list = list(cell._cells.values())  # pylint: disable=protected-access
                 replaced += 1
-    _logger.info("sync_bn: %d BatchNorm layers now normalize over all %d ranks", replaced, world_size)
-    return net
+    return replaced

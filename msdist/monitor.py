@@ -17,9 +17,10 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, TextIO, Tuple
+from typing import List, Optional, Sequence, TextIO, Tuple
 
 from msdist.errors import ConfigError
+from msdist.files import atomic_write_text
 
 _logger = logging.getLogger(__name__)
 _FORMAT = "%(asctime)s rank{rank} %(levelname)s %(message)s"
@@ -41,14 +42,14 @@ def _console_wanted(record: logging.LogRecord) -> bool:
     return getattr(record, "console", True)
 
 
-def setup_logging(log_dir: str, rank: int, console: bool) -> str:
-    """Send msdist's log to `{log_dir}/rank_{rank}.log`, and to stdout on the console rank.
+def setup_logging(log_dir: str, rank: int, console: bool, name: str = "rank") -> str:
+    """Send msdist's log to `{log_dir}/{name}_{rank}.log`, and to stdout on the console rank.
 
     Returns:
         The log file path.
     """
     os.makedirs(log_dir, exist_ok=True)
-    path = os.path.join(log_dir, f"rank_{rank}.log")
+    path = os.path.join(log_dir, f"{name}_{rank}.log")
     root = logging.getLogger("msdist")
     root.handlers.clear()
     root.setLevel(logging.INFO)
@@ -308,10 +309,7 @@ def _drop_records_after(path: str, global_step: int) -> None:
         return
     with open(path, encoding="utf-8") as f:
         kept = [line for line in f if line.strip() and json.loads(line).get("global_step", 0) <= global_step]
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(kept)
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(kept))
 
 
 class MetricsWriter:
@@ -366,3 +364,50 @@ def open_metrics(is_main: bool, output_dir: str, tensorboard: bool, world_size: 
     if tensorboard:
         _require_tensorboardx()
     return MetricsWriter(output_dir, tensorboard, world_size, start_step) if is_main else None
+
+
+@dataclass
+class Watch:
+    """Everything one rank's training loop reports to: progress lines or bar, the step timer, the metrics
+    files (rank 0 only; None elsewhere) and the heartbeat msdist.launch watches."""
+    progress: Progress
+    timer: StepTimer
+    writer: Optional[MetricsWriter]
+    beat: object
+
+    @classmethod
+    def open(cls, *, epochs: int, steps_per_epoch: int, global_batch: int, log_every: int, max_steps: int,
+             output_dir: str, tensorboard: bool, is_main: bool, world_size: int, launch_kind: str,
+             start_step: int, beat) -> "Watch":
+        progress = Progress(epochs, steps_per_epoch, global_batch, log_every, max_steps,
+                            bar=terminal(is_main, launch_kind))
+        return cls(progress, StepTimer(images_per_step=global_batch),
+                   open_metrics(is_main, output_dir, tensorboard, world_size, start_step), beat)
+
+    def record(self, record: Optional[dict]) -> None:
+        if self.writer is not None and record is not None:
+            self.writer.write(record)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def summary_block(title: str, metrics: dict, *, world_size: int, wall_seconds: float,
+                  images_per_sec: Optional[float] = None, files: Sequence[Tuple[str, str]] = ()) -> str:
+    """The few lines that end a run on the console: the job's result and where its outputs are.
+
+    Args:
+        title: e.g. "msdist.train done".
+        metrics: the job's evaluation (`accuracy`, `correct`, `num_samples`, `loss`, and `top5` if present).
+        files: (label, path) pairs; those that do not exist are left out.
+    """
+    accuracy = f"top-1 {metrics['accuracy']:.4f} ({metrics['correct']}/{metrics['num_samples']} test images)"
+    if "top5" in metrics:
+        accuracy += f" | top-5 {metrics['top5']:.4f}"
+    speed = f" | {images_per_sec:.1f} img/s" if images_per_sec else ""
+    lines = [f"== {title} ==", f"accuracy   {accuracy}", f"loss       {metrics['loss']:.4f}",
+             f"job        {world_size} rank(s){speed} | wall time {format_duration(wall_seconds)}"]
+    width = max((len(label) for label, _ in files), default=0)
+    lines += [f"{label.ljust(max(width, 10))} {path}" for label, path in files if path and os.path.exists(path)]
+    return "\n".join(lines)

@@ -9,11 +9,14 @@ import os
 import random
 import tempfile
 import time
+from dataclasses import dataclass
+from typing import Dict, Sequence
 
 import numpy as np
 
-from msdist import cluster, config, distributed, heartbeat, runtime
-from msdist.errors import ConfigError, DataError, cli_main
+from msdist import config, heartbeat, monitor, runtime, startup
+from msdist.data import pipeline
+from msdist.errors import ConfigError, DataError, alike_on_every_rank, cli_main
 
 _logger = logging.getLogger("msdist.train")
 _PROCESS_START = time.perf_counter()  # for result.json's start-to-first-step figure
@@ -21,23 +24,7 @@ _PROCESS_START = time.perf_counter()  # for result.json's start-to-first-step fi
 
 @cli_main
 def main(argv=None) -> int:
-    cfg = config.parse(argv)
-    launch = cluster.detect_launch()
-    if launch.kind == "scheduler":  # msrun starts this same command as MindSpore's scheduler too
-        return distributed.run_scheduler_role(launch)
-    from msdist.data import pipeline
-    # Fail on these before the slow cluster start-up and before MindSpore loads.
-    pipeline.per_rank_batch(cfg.batch_size, launch.world_size)
-    pipeline.check_data_dir(cfg.data_dir)
-    cache = ""
-    if cfg.compile_cache:
-        # max_steps does not shape the graph: a resume that trains further must find the cache warm.
-        graph_options = [o for o in config.TRAIN_OPTIONS if o.name != "max_steps"]
-        cache = runtime.compile_cache_dir(cfg.output_dir, config.config_hash(cfg, graph_options), launch.world_size,
-                                          cfg.num_classes or len(pipeline.class_map(cfg.data_dir)))
-    rt = runtime.prepare(cfg.verbose, cfg.cpu_isa, launch.local_world_size, local_rank=launch.local_rank,
-                         rank=launch.rank, bind_cores=cfg.bind_cores, compile_cache=cache)
-    return runtime.exit_without_teardown(train(cfg, launch, rt))
+    return runtime.exit_without_teardown(train(startup.start(argv, compile_cache=True)))
 
 
 def _reached(max_steps: int, global_step: int) -> bool:
@@ -50,17 +37,6 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     ms.set_seed(seed)  # same seed on every rank: identical initial weights without a broadcast
-
-
-def _check_output_dir(path: str) -> None:
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, f".write-test-{os.getpid()}")
-        with open(probe, "w", encoding="utf-8"):
-            pass
-        os.remove(probe)
-    except OSError as e:
-        raise ConfigError(f"output_dir {path!r} is not writable ({e.strerror}); choose another --output_dir") from None
 
 
 def _claim_output_dir(path: str, resume: str, overwrite: bool, is_main: bool):
@@ -91,165 +67,213 @@ def _claim_output_dir(path: str, resume: str, overwrite: bool, is_main: bool):
     return archive
 
 
-def train(cfg, launch: cluster.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
+@dataclass(frozen=True)
+class Data:
+    """The run's data, resolved once: splits, class map and the per-epoch step plan."""
+    classes: Dict[str, int]
+    train: "pipeline.Split"
+    test: "pipeline.Split"
+    excluded: Sequence[str]
+    per_rank_batch: int
+    steps_per_epoch: int
+    workers: int
+
+
+def load_data(cfg, dist, collectives, rt) -> Data:
+    """Check the tree (rank 0 decodes every image once, cached), list both splits, plan the epoch."""
     from msdist.data import check as data_check
-    from msdist.data import pipeline
-
-    _check_output_dir(cfg.output_dir)
-    replaced = _claim_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite, launch.rank == 0)
-    # MindSpore loads only here (path errors stay fast), after runtime.prepare() set its variables.
-    import mindspore as ms
-    from mindspore import nn
-
-    from msdist import checkpoint, comm, engine, monitor, optim
-    from msdist.eval import evaluate_split
-
-    log_dir = os.path.join(cfg.output_dir, "logs")
-    # Beats from before cluster init, so msdist.launch can tell a rank stuck there from a slow one.
-    beat = heartbeat.Heartbeat(log_dir, launch.rank).start()
-    dist = distributed.init(launch, cfg.device_target, log_dir, cfg.deterministic)
-    runtime.configure_mindspore(rt)
-    monitor.setup_logging(log_dir, dist.rank, console=dist.is_main)
-    if replaced:
-        _logger.warning("overwrite: moved the previous run in %s to %s", cfg.output_dir, replaced)
-    _seed_everything(cfg.seed)
-
-    collectives = distributed.Collectives(dist.world_size)
-    # Rank 0 decodes every image once per tree state (cached); all ranks then leave out the same files.
+    # All ranks leave out the same files, so the class map and the shards agree everywhere.
     excluded = data_check.shared_exclusions(cfg.data_dir, cfg.bad_images == "skip", dist.is_main, collectives)
     classes = pipeline.class_map(cfg.data_dir)
     train_split = pipeline.list_split(cfg.data_dir, pipeline.TRAIN_SPLIT, classes, exclude=excluded)
-    test_split = pipeline.list_split(cfg.data_dir, pipeline.TEST_SPLIT, classes, exclude=excluded)
-    num_classes = cfg.num_classes or len(classes)
-    batch = pipeline.per_rank_batch(cfg.batch_size, dist.world_size)
-    steps_per_epoch = pipeline.steps_per_epoch(len(train_split), cfg.batch_size)
-    if steps_per_epoch == 0:
+    steps = pipeline.steps_per_epoch(len(train_split), cfg.batch_size)
+    if steps == 0:
         raise DataError(f"{len(train_split)} training images cannot fill one global batch of {cfg.batch_size}; "
                         "lower --batch_size")
-    workers = cfg.num_workers or rt.threads_per_rank
-    _logger.info("world size %d (%s, %s) | global batch %d = %d per rank | %d classes | %d train / %d test images"
-                 " | %d steps/epoch (%d left over) | %s | amp %s",
-                 dist.world_size, dist.device_target, dist.backend or "standalone", cfg.batch_size, batch,
-                 num_classes, len(train_split), len(test_split), steps_per_epoch,
-                 len(train_split) - steps_per_epoch * cfg.batch_size, rt.summary(),
-                 cfg.amp_level if cfg.amp_level == "O0" else f"{cfg.amp_level} {cfg.amp_dtype}")
-    if dist.is_main:
-        config.save(cfg, os.path.join(cfg.output_dir, "config.yaml"))
+    return Data(classes, train_split, pipeline.list_split(cfg.data_dir, pipeline.TEST_SPLIT, classes, exclude=excluded),
+                excluded, pipeline.per_rank_batch(cfg.batch_size, dist.world_size), steps,
+                cfg.num_workers or rt.threads_per_rank)
 
-    net = engine.build_network(cfg.model, num_classes, cfg.zero_init_last_bn, cfg.sync_bn, dist.world_size)
+
+@dataclass(frozen=True)
+class Model:
+    """The network and everything that trains it."""
+    net: object
+    optimizer: object
+    train_step: object
+    lrs: np.ndarray
+    train_state: list       # Parameters besides the model that an exact resume needs
+    compile_seconds: float
+
+
+def build_model(cfg, dist, data: Data, rt) -> Model:
+    """Network (SyncBN, AMP), LR schedule, optimizer, gradient reducer, and the compiled train step."""
+    import mindspore as ms
+    from mindspore import nn
+
+    from msdist import comm, engine, optim
+    net = engine.build_network(cfg.model, cfg.num_classes or len(data.classes), cfg.zero_init_last_bn, cfg.sync_bn,
+                               dist.world_size)
     net = engine.mixed_precision(net, cfg.amp_level, cfg.amp_dtype)
-    base_lr = cfg.lr * dist.world_size if cfg.scale_lr else cfg.lr
-    lrs = optim.lr_schedule(cfg.lr_schedule, base_lr, cfg.epochs, steps_per_epoch, cfg.warmup_epochs,
-                            cfg.lr_step_size, cfg.lr_gamma, cfg.min_lr)
+    lrs = optim.lr_schedule(cfg.lr_schedule, cfg.lr * dist.world_size if cfg.scale_lr else cfg.lr, cfg.epochs,
+                            data.steps_per_epoch, cfg.warmup_epochs, cfg.lr_step_size, cfg.lr_gamma, cfg.min_lr)
     optimizer = optim.create_optimizer(net.trainable_params(), lrs, cfg.momentum, cfg.weight_decay, cfg.loss_scale)
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     reducer = comm.create_reducer(cfg.grad_compression, optimizer.parameters, dist.world_size,
                                   topk_ratio=cfg.topk_ratio, threshold=cfg.threshold,
                                   error_feedback=cfg.error_feedback, loss_scale=cfg.loss_scale)
     # batch_size stays the global batch of one optimizer step; accumulation splits each rank's share.
-    micro_batch = comm.micro_batch_size(batch, cfg.grad_accum_steps)
+    micro_batch = pipeline.micro_batch_size(data.per_rank_batch, cfg.grad_accum_steps)
     if cfg.grad_accum_steps > 1:
-        train_step = comm.AccumulatingTrainStep(net, loss_fn, optimizer, cfg.loss_scale, reducer,
-                                                cfg.grad_accum_steps)
+        step = comm.AccumulatingTrainStep(net, loss_fn, optimizer, cfg.loss_scale, reducer, cfg.grad_accum_steps)
     else:
-        train_step = engine.TrainStep(net, loss_fn, optimizer, cfg.loss_scale, reducer)
+        step = engine.TrainStep(net, loss_fn, optimizer, cfg.loss_scale, reducer)
     _logger.info("gradients: %s | %d micro-batch(es) of %d per rank per optimizer step", cfg.grad_compression,
                  cfg.grad_accum_steps, micro_batch)
-    train_step.set_train(True)
+    step.set_train(True)
     compile_start = time.perf_counter()
     with runtime.compile_cache_scope(rt):  # compiled ahead of the first batch, so a restart can load it
-        train_step.compile(ms.Tensor(shape=(micro_batch, 3, cfg.image_size, cfg.image_size), dtype=ms.float32),
-                           ms.Tensor(shape=(micro_batch,), dtype=ms.int32))
+        step.compile(ms.Tensor(shape=(micro_batch, 3, cfg.image_size, cfg.image_size), dtype=ms.float32),
+                     ms.Tensor(shape=(micro_batch,), dtype=ms.int32))
     compile_seconds = time.perf_counter() - compile_start
     _logger.info("train step compiled in %.1f s", compile_seconds)
-    saved_params = list(net.get_parameters()) + list(optimizer.moments) + [optimizer.global_step] + \
-        comm.residuals(reducer)  # error-feedback residuals: per-rank state an exact resume needs
+    # Error-feedback residuals are per-rank state an exact resume needs, like the optimizer's.
+    train_state = list(optimizer.moments) + [optimizer.global_step] + comm.residuals(reducer)
+    return Model(net, optimizer, step, lrs, train_state, compile_seconds)
 
-    ckpt_dir = os.path.join(cfg.output_dir, "ckpt")
-    prefix = cfg.ckpt_prefix or cfg.model
-    cfg_hash = config.config_hash(cfg)
-    start = checkpoint.resume_state(cfg.resume, ckpt_dir, prefix, dist.rank, collectives, train_step,
-                                    saved_params, cfg_hash, steps_per_epoch)
-    distributed.check_replicas_identical(collectives, net, "at start")
 
-    def save(epoch: int, step: int, global_step: int) -> None:
-        distributed.check_replicas_identical(collectives, net, f"at epoch {epoch} step {step}")
-        info = checkpoint.save([{"name": p.name, "data": p} for p in saved_params], ckpt_dir, prefix, dist.rank,
-                               {"epoch": epoch, "step": step, "global_step": global_step, "config_hash": cfg_hash})
-        checkpoint.prune(ckpt_dir, prefix, dist.rank, cfg.keep_checkpoint_max)
-        _logger.info("saved %s", info.path)
+@dataclass(frozen=True)
+class Position:
+    """Where training stands: the 0-based epoch of the last step, steps done in it, steps done in all."""
+    epoch: int
+    step: int
+    global_step: int
+
+
+def train_epoch(cfg, dist, data: Data, model: Model, watch: monitor.Watch, collectives, at: Position) -> Position:
+    """Run the optimizer steps of epoch `at.epoch` from step `at.step`; stop early at max_steps."""
+    batches = pipeline.build_train_dataset(data.train, batch_size=data.per_rank_batch, image_size=cfg.image_size,
+                                           epoch=at.epoch, seed=cfg.seed, shuffle=cfg.shuffle, augment=cfg.augment,
+                                           padding=cfg.crop_padding, world_size=dist.world_size, rank=dist.rank,
+                                           global_batch=cfg.batch_size, workers=data.workers, skip_steps=at.step)
+    watch.progress.start_epoch(at.epoch, at.step)
+    watch.timer.restart_clock()
+    step, global_step = at.step, at.global_step
+    for images, labels in batches.create_tuple_iterator(num_epochs=1):
+        data_s = watch.timer.data_ready()
+        loss = float(model.train_step.train_on(images, labels).asnumpy())
+        step_s = watch.timer.step_done()
+        step, global_step = step + 1, global_step + 1
+        if watch.progress.is_log_step(step, global_step):
+            loss = float(collectives.sum([loss])[0]) / dist.world_size
+        watch.record(watch.progress.step(step, global_step, loss, float(model.lrs[global_step - 1]), step_s, data_s))
+        watch.beat.update(at.epoch + 1, step, global_step)
+        if _reached(cfg.max_steps, global_step):
+            break
+    return Position(at.epoch, step, global_step)
+
+
+def train(started: startup.Started) -> int:
+    """Build, loop, finish: the whole run of one rank. Returns the exit status."""
+    cfg, launch = started.cfg, started.launch
+    replaced = _claim_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite, launch.rank == 0)
+    log_dir = os.path.join(cfg.output_dir, "logs")
+    # Beats from before cluster init, so msdist.launch can tell a rank stuck there from a slow one.
+    beat = heartbeat.Heartbeat(log_dir, launch.rank).start()
+    dist, collectives = startup.join(started, log_dir)
+    from msdist import checkpoint, distributed  # load MindSpore
+    from msdist.eval import evaluate_split
+    if replaced:
+        _logger.warning("overwrite: moved the previous run in %s to %s", cfg.output_dir, replaced)
+    _seed_everything(cfg.seed)
+    with alike_on_every_rank():  # every rank checks the same tree (rank 0 decodes, all agree)
+        data = load_data(cfg, dist, collectives, started.rt)
+    _logger.info("world size %d (%s, %s) | global batch %d = %d per rank | %d classes | %d train / %d test images"
+                 " | %d steps/epoch (%d left over) | %s | amp %s", dist.world_size, dist.device_target,
+                 dist.backend or "standalone", cfg.batch_size, data.per_rank_batch, len(data.classes),
+                 len(data.train), len(data.test), data.steps_per_epoch,
+                 len(data.train) - data.steps_per_epoch * cfg.batch_size, started.rt.summary(),
+                 cfg.amp_level if cfg.amp_level == "O0" else f"{cfg.amp_level} {cfg.amp_dtype}")
+    if dist.is_main:
+        config.save(cfg, os.path.join(cfg.output_dir, "config.yaml"))
+    model = build_model(cfg, dist, data, started.rt)
+    saver = checkpoint.Saver(directory=os.path.join(cfg.output_dir, "ckpt"), prefix=cfg.ckpt_prefix or cfg.model,
+                             rank=dist.rank, keep=cfg.keep_checkpoint_max, config_hash=config.config_hash(cfg),
+                             net=model.net, train_state=model.train_state, collectives=collectives)
+    start = saver.resume(cfg.resume, model.train_step, data.steps_per_epoch)
+    distributed.check_replicas_identical(collectives, model.net, "at start")
+
+    def one_model() -> None:
+        """Without sync_bn each rank keeps its own BatchNorm statistics: make them one model (--dist_bn)."""
+        distributed.unify_bn_stats(model.net, collectives, cfg.dist_bn)
+
+    def save(epoch: int, step: int, global_step: int) -> int:
+        one_model()
+        return saver.save(epoch, step, global_step).global_step
 
     def evaluate() -> dict:
-        return evaluate_split(net, test_split, batch_size=cfg.eval_batch_size or batch, image_size=cfg.image_size,
-                              dist=dist, workers=workers, collectives=collectives)
+        one_model()
+        return evaluate_split(model.net, data.test, batch_size=cfg.eval_batch_size or data.per_rank_batch,
+                              image_size=cfg.image_size, dist=dist, workers=data.workers, collectives=collectives)
 
-    progress = monitor.Progress(cfg.epochs, steps_per_epoch, cfg.batch_size, cfg.log_every, cfg.max_steps,
-                                bar=monitor.terminal(dist.is_main, launch.kind))
-    writer = monitor.open_metrics(dist.is_main, cfg.output_dir, cfg.tensorboard, dist.world_size, start.global_step)
-    timer = monitor.StepTimer(images_per_step=cfg.batch_size)
-    global_step, last_saved, metrics = start.global_step, start.global_step, None
+    watch = monitor.Watch.open(epochs=cfg.epochs, steps_per_epoch=data.steps_per_epoch, global_batch=cfg.batch_size,
+                               log_every=cfg.log_every, max_steps=cfg.max_steps, output_dir=cfg.output_dir,
+                               tensorboard=cfg.tensorboard, is_main=dist.is_main, world_size=dist.world_size,
+                               launch_kind=launch.kind, start_step=start.global_step, beat=beat)
+    at = Position(start.epoch, start.skip_steps, start.global_step)
+    saved_at, metrics = start.global_step, None
     train_start = time.perf_counter()
     for epoch in range(start.epoch, cfg.epochs):
-        if _reached(cfg.max_steps, global_step):
+        if _reached(cfg.max_steps, at.global_step):
             break  # resumed from a run that already reached max_steps
-        skip = start.skip_steps if epoch == start.epoch else 0
-        data = pipeline.build_train_dataset(train_split, batch_size=batch, image_size=cfg.image_size, epoch=epoch,
-                                            seed=cfg.seed, shuffle=cfg.shuffle, augment=cfg.augment,
-                                            padding=cfg.crop_padding, world_size=dist.world_size, rank=dist.rank,
-                                            global_batch=cfg.batch_size, workers=workers, skip_steps=skip)
-        progress.start_epoch(epoch, skip)
-        timer.restart_clock()
-        step = skip
-        for images, labels in data.create_tuple_iterator(num_epochs=1):
-            data_s = timer.data_ready()
-            loss = float(train_step.train_on(images, labels).asnumpy())
-            step_s = timer.step_done()
-            step += 1
-            global_step += 1
-            if progress.is_log_step(step, global_step):
-                loss = float(collectives.sum([loss])[0]) / dist.world_size
-            record = progress.step(step, global_step, loss, float(lrs[global_step - 1]), step_s, data_s)
-            if writer is not None and record is not None:
-                writer.write(record)
-            beat.update(epoch + 1, step, global_step)
-            if _reached(cfg.max_steps, global_step):
-                break
-        epoch_done = step == steps_per_epoch
+        at = train_epoch(cfg, dist, data, model, watch, collectives, Position(epoch, at.step if epoch == start.epoch
+                                                                              else 0, at.global_step))
+        epoch_done = at.step == data.steps_per_epoch
         if epoch_done and ((epoch + 1) % cfg.save_every_epochs == 0 or epoch + 1 == cfg.epochs):
-            save(epoch + 1, step, global_step)
-            last_saved = global_step
+            saved_at = save(epoch + 1, at.step, at.global_step)
         # The last epoch's evaluation is the final one, so its epoch summary can show it.
-        metrics = None
-        if epoch_done and (epoch + 1 == cfg.epochs
-                           or cfg.eval_every_epochs and (epoch + 1) % cfg.eval_every_epochs == 0):
-            metrics = evaluate()
-        record = progress.end_epoch(float(collectives.sum([progress.epoch_loss()])[0]) / dist.world_size, metrics)
-        if writer is not None:
-            writer.write(record)
-        if _reached(cfg.max_steps, global_step):
-            break  # here, not at the next epoch's top, so `epoch` stays the one the last step ran in
+        metrics = evaluate() if epoch_done and (epoch + 1 == cfg.epochs or cfg.eval_every_epochs and
+                                                (epoch + 1) % cfg.eval_every_epochs == 0) else None
+        watch.record(watch.progress.end_epoch(float(collectives.sum([watch.progress.epoch_loss()])[0])
+                                              / dist.world_size, metrics))
+        if _reached(cfg.max_steps, at.global_step):
+            break
     train_seconds = time.perf_counter() - train_start
-    if global_step != last_saved:
-        save(epoch + 1, step, global_step)
-    if writer is not None:
-        writer.close()
-
-    if metrics is None:  # stopped early by max_steps, or resumed from a finished run
-        metrics = evaluate()
-    result = {"accuracy": metrics["accuracy"], "num_samples": metrics["num_samples"], "correct": metrics["correct"],
-              "loss": metrics["loss"], "world_size": dist.world_size, "epochs": cfg.epochs,
-              "global_steps": global_step, "global_batch": cfg.batch_size, "per_rank_batch": batch,
-              "train_seconds": round(train_seconds, 3), "images_per_sec": round(timer.images_per_sec(), 3),
-              "first_step_seconds": round(timer.first_step_s or 0.0, 3), "compile_seconds": round(compile_seconds, 3),
-              "start_to_first_step_seconds": round(train_start - _PROCESS_START + (timer.first_step_s or 0.0), 3),
-              "model": cfg.model,
-              "device_target": dist.device_target, "skipped_images": len(excluded)}
+    if at.global_step != saved_at:
+        save(at.epoch + 1, at.step, at.global_step)
+    watch.close()
+    metrics = metrics or evaluate()  # None when stopped by max_steps or resumed from a finished run
+    result = _result(cfg, dist, data, model, metrics, watch.timer, at.global_step, train_seconds, train_start)
     if dist.is_main:
-        print(f"eval result: {{'accuracy': {metrics['accuracy']:.4f}}}", flush=True)
-        with open(os.path.join(cfg.output_dir, "result.json"), "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
+        _write_result(cfg, result, saver.newest)
     distributed.finish(launch, dist, collectives)
     return 0
+
+
+def _result(cfg, dist, data: Data, model: Model, metrics: dict, timer, global_steps: int, train_seconds: float,
+            train_start: float) -> dict:
+    """result.json: the job's one evaluation and how the run went."""
+    first = timer.first_step_s or 0.0
+    return {"accuracy": metrics["accuracy"], "num_samples": metrics["num_samples"], "correct": metrics["correct"],
+            "loss": metrics["loss"], "world_size": dist.world_size, "epochs": cfg.epochs,
+            "global_steps": global_steps, "global_batch": cfg.batch_size, "per_rank_batch": data.per_rank_batch,
+            "train_seconds": round(train_seconds, 3), "images_per_sec": round(timer.images_per_sec(), 3),
+            "first_step_seconds": round(first, 3), "compile_seconds": round(model.compile_seconds, 3),
+            "start_to_first_step_seconds": round(train_start - _PROCESS_START + first, 3),
+            "model": cfg.model, "device_target": dist.device_target, "skipped_images": len(data.excluded)}
+
+
+def _write_result(cfg, result: dict, newest_checkpoint) -> None:
+    """result.json, then the console's closing block: the job's accuracy and where everything is."""
+    path = os.path.join(cfg.output_dir, "result.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=2)
+    print(f"eval result: {{'accuracy': {result['accuracy']:.4f}}}", flush=True)
+    files = [("result", path), ("checkpoint", newest_checkpoint.path if newest_checkpoint else ""),
+             ("logs", os.path.join(cfg.output_dir, "logs", "")), ("tensorboard", os.path.join(cfg.output_dir, "tb", ""))]
+    print(monitor.summary_block("msdist.train done", result, world_size=result["world_size"],
+                                wall_seconds=time.perf_counter() - _PROCESS_START,
+                                images_per_sec=result["images_per_sec"], files=files), flush=True)
 
 
 if __name__ == "__main__":

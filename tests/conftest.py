@@ -6,12 +6,17 @@ import sys
 import numpy as np
 import pytest
 
+from models import add_family
+from msdist import checkpoint
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Real Fruits-360 images shipped inside the repository (tests/data/fruits360-mini/README.md): the suite
 # never reads outside the checkout.
 REAL_DATA = os.path.join(REPO, "tests", "data", "fruits360-mini")
 TINY_CONFIG = os.path.join(REPO, "configs", "tiny_test.yaml")
 # OpenMPI refuses root (CI runs as root) without these; --oversubscribe allows more ranks than cores.
+TRAIN_WITH_TEST_MODELS = os.path.join(REPO, "tests", "train_with_test_models.py")
+add_family("convnet", ("convnet_tiny",))  # tests/convnet.py, BatchNorm-free; tests/ is on sys.path
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
@@ -33,8 +38,12 @@ def mpirun(n: int) -> list:
 
 def run_msdist(module: str, args: list, ranks: int = 1, timeout: int = 300, check: bool = True,
                env: dict = None) -> subprocess.CompletedProcess:
-    """Run `python -m msdist.<module> args`, under `mpirun -n ranks` when ranks > 1."""
-    cmd = (mpirun(ranks) if ranks > 1 else []) + [sys.executable, "-m", f"msdist.{module}"] + list(args)
+    """Run `python -m msdist.<module> args`, under `mpirun -n ranks` when ranks > 1.
+
+    module "train_with_test_models" is msdist.train with the test-only models known too.
+    """
+    entry = [TRAIN_WITH_TEST_MODELS] if module == "train_with_test_models" else ["-m", f"msdist.{module}"]
+    cmd = (mpirun(ranks) if ranks > 1 else []) + [sys.executable, *entry] + list(args)
     proc = subprocess.run(cmd, cwd=REPO, env={**base_env(), **(env or {})}, capture_output=True, text=True,
                           timeout=timeout, check=False)
     if check and proc.returncode != 0:
@@ -55,7 +64,7 @@ def load_params(path: str, include_state: bool = False) -> dict:
     for name, value in raw.items():
         if not hasattr(value, "asnumpy"):
             continue
-        if not include_state and (name.startswith("moments.") or name == "global_step"):
+        if not include_state and checkpoint.is_training_state(name):
             continue
         out[name] = value.asnumpy().astype(np.float64)
     return out

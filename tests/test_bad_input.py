@@ -296,6 +296,7 @@ def test_random_bytes_as_image_give_a_clear_verdict(fuzz_tree, mindspore_decode,
     (["--lr", "-0.1"], ["lr=-0.1 must be > 0"]),
     (["--batch_size", "0"], ["batch_size=0 must be >= 1"]),
     (["--bad_images", "ignore"], ["--bad_images='ignore' is not one of error, skip"]),
+    (["--dist_bn", "reduse"], ["--dist_bn='reduse' is not one of reduce, broadcast, none (did you mean reduce?)"]),
     (["--overwrite", "maybe"], ["--overwrite"]),
     (["--config", "no/such.yaml"], ["config file 'no/such.yaml' not found"]),
 ])

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from conftest import (REPO, TINY_CONFIG, base_env, checkpoints, load_params, mpirun, run_msdist, tiny_args)
-from msdist import config, optim
+from msdist import config, optim, startup
 from msdist.data import pipeline
 from msdist.errors import ConfigError, DataError
 
@@ -28,6 +28,17 @@ def test_every_config_parses():
     for name in names:
         cfg = config.parse(["--config", os.path.join(REPO, "configs", name)])
         assert cfg.model and cfg.batch_size > 0, name
+        # What msdist.train checks before MindSpore loads (model name, batch splits), for 1 to 8 ranks.
+        for world in (1, 2, 4, 8):
+            startup.check_model(cfg, world)
+            startup.check_batch_split(cfg, world)
+
+
+def test_a_config_with_an_unknown_model_is_refused_before_mindspore(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: resnet5\n")
+    with pytest.raises(ConfigError, match="unknown model 'resnet5'; did you mean resnet50"):
+        startup.check_model(config.parse(["--config", str(bad)]), 1)
 
 
 def test_seed_config_matches_the_tutorial():
@@ -146,7 +157,7 @@ def test_zero_init_last_bn():
 @pytest.fixture(scope="module")
 def standalone_run(tmp_path_factory, data_dir):
     out = tmp_path_factory.mktemp("standalone")
-    proc = run_msdist("train", tiny_args(data_dir, out, "--epochs", 1, "--max_steps", 60))
+    proc = run_msdist("train", tiny_args(data_dir, out, "--epochs", 1))
     return out, proc
 
 
@@ -160,7 +171,7 @@ def test_standalone_run_learns_and_reports(standalone_run):
     assert "global batch 16 = 16 per rank" in proc.stdout
     assert yaml.safe_load((out / "config.yaml").read_text())["model"] == "resnet_tiny"
     assert (out / "logs" / "rank_0.log").exists()
-    assert [os.path.basename(p) for p in checkpoints(out, 0)] == ["resnet_tiny_rank0-1_60.ckpt"]
+    assert [os.path.basename(p) for p in checkpoints(out, 0)] == ["resnet_tiny_rank0-1_12.ckpt"]
     assert "[INFO]" not in proc.stderr and "[WARNING]" not in proc.stderr  # MindSpore's C++ logs are off
 
 
@@ -204,7 +215,7 @@ def _wait_until_no_scheduler(output_dir, timeout_s: float) -> set:
 @pytest.fixture(scope="module")
 def mpirun_run(tmp_path_factory, data_dir):
     out = tmp_path_factory.mktemp("mpirun2")
-    proc = run_msdist("train", tiny_args(data_dir, out, "--epochs", 1, "--max_steps", 40), ranks=2)
+    proc = run_msdist("train", tiny_args(data_dir, out, "--epochs", 1), ranks=2)
     return out, proc
 
 
@@ -229,8 +240,8 @@ def test_scale_lr_multiplies_the_lr_by_the_world_size(data_dir, tmp_path):
 def test_mpirun_checkpoints_are_per_rank_and_identical(mpirun_run):
     out, _ = mpirun_run
     (rank0,), (rank1,) = checkpoints(out, 0), checkpoints(out, 1)
-    assert os.path.basename(rank0) == "resnet_tiny_rank0-1_40.ckpt"
-    assert os.path.basename(rank1) == "resnet_tiny_rank1-1_40.ckpt"
+    assert os.path.basename(rank0) == "resnet_tiny_rank0-1_12.ckpt"
+    assert os.path.basename(rank1) == "resnet_tiny_rank1-1_12.ckpt"
     a, b = load_params(rank0), load_params(rank1)
     trained = [n for n in a if "moving_" not in n]  # without sync_bn, BN running stats are per rank by design
     assert trained and all(np.array_equal(a[n], b[n]) for n in trained)
@@ -300,15 +311,15 @@ def test_resume_continues_at_the_right_epoch_and_lr(data_dir, tmp_path):
     """
     common = ("--epochs", 2, "--deterministic", "true", "--log_every", 1)
     run_msdist("train", tiny_args(data_dir, tmp_path / "full", *common))
-    run_msdist("train", tiny_args(data_dir, tmp_path / "cut", *common, "--max_steps", 130))
-    [stopped] = [p for p in checkpoints(tmp_path / "cut", 0) if p.endswith("-2_8.ckpt")]
+    run_msdist("train", tiny_args(data_dir, tmp_path / "cut", *common, "--max_steps", 18))
+    [stopped] = [p for p in checkpoints(tmp_path / "cut", 0) if p.endswith("-2_6.ckpt")]
     resumed = run_msdist("train", tiny_args(data_dir, tmp_path / "cut", *common, "--resume", stopped))
-    assert "resumed from" in resumed.stdout and "epoch 1, step 8 of 122, global step 130" in resumed.stdout
-    lrs = optim.lr_schedule("cosine", 0.05, 2, 122, warmup_epochs=0.5)
-    first = next(line for line in resumed.stdout.splitlines() if line.startswith("epoch 2/2 step 9/122"))
-    assert f"lr {lrs[130]:.6f}" in first  # the LR schedule continues at step 131, not from the start
+    assert "resumed from" in resumed.stdout and "epoch 1, step 6 of 12, global step 18" in resumed.stdout
+    lrs = optim.lr_schedule("cosine", 0.05, 2, 12, warmup_epochs=0.5)
+    first = next(line for line in resumed.stdout.splitlines() if line.startswith("epoch 2/2 step 7/12"))
+    assert f"lr {lrs[18]:.6f}" in first  # the LR schedule continues at step 19, not from the start
     full = load_params(checkpoints(tmp_path / "full", 0)[-1], include_state=True)
-    final = [p for p in checkpoints(tmp_path / "cut", 0) if p.endswith("-2_122.ckpt")]
+    final = [p for p in checkpoints(tmp_path / "cut", 0) if p.endswith("-2_12.ckpt")]
     cut = load_params(final[0], include_state=True)
     assert full.keys() == cut.keys()
     for name in full:

@@ -51,7 +51,8 @@ def runs(tmp_path_factory, data_dir):
     root = tmp_path_factory.mktemp("grad_comm")
 
     def run(name):
-        run_msdist("train", tiny_args(data_dir, root / name, *RUNS[name]), ranks=2, timeout=600)
+        module = "train_with_test_models" if "convnet_tiny" in RUNS[name] else "train"
+        run_msdist(module, tiny_args(data_dir, root / name, *RUNS[name]), ranks=2, timeout=600)
 
     with ThreadPoolExecutor(max_workers=len(RUNS)) as pool:
         list(pool.map(run, RUNS))

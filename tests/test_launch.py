@@ -210,10 +210,11 @@ def test_unresolvable_master_addr_is_named_at_once(tmp_path):
 
 
 def test_unknown_options_go_to_train(tmp_path):
-    plan = launch.parse_args(["-n", "2", "--max_restarts", "3", "--epochs", "4", "--output_dir", "/tmp/x",
-                              "--data_dir", str(tmp_path)])
+    out = str(tmp_path / "x")
+    plan = launch.parse_args(["-n", "2", "--max_restarts", "3", "--epochs", "4", "--output_dir", out,
+                              "--data_dir", DATA_DIR])
     assert (plan.world_size, plan.max_restarts, plan.master_addr) == (2, 3, "127.0.0.1")
-    assert plan.train_args == ["--epochs", "4", "--output_dir", "/tmp/x", "--data_dir", str(tmp_path)]
+    assert plan.train_args == ["--epochs", "4", "--output_dir", out, "--data_dir", DATA_DIR]
 
 
 def test_traceback_tail_reads_only_this_attempt(tmp_path):

@@ -16,11 +16,11 @@ Decoding, resizing and normalizing still run in MindSpore's C++ dataset engine.
 """
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterable, Sequence, Tuple
+from typing import Dict, Iterable, Tuple
 
 import numpy as np
 
-from msdist.errors import DataError
+from msdist.errors import ConfigError, DataError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp")
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)  # ImageNet statistics, as in the model zoo
@@ -108,6 +108,15 @@ def per_rank_batch(global_batch: int, world_size: int) -> int:
                         f"{world_size} ranks; use a multiple of {world_size}, e.g. "
                         f"{max(world_size, global_batch // world_size * world_size)}")
     return global_batch // world_size
+
+
+def micro_batch_size(per_rank_batch: int, accum_steps: int) -> int:
+    """Per-rank micro-batch: the rank's share of one optimizer step's batch, split in `accum_steps`."""
+    if per_rank_batch % accum_steps:
+        raise ConfigError(f"the per-rank batch {per_rank_batch} does not split into grad_accum_steps "
+                          f"{accum_steps} equal micro-batches; make batch_size a multiple of world size x "
+                          "grad_accum_steps")
+    return per_rank_batch // accum_steps
 
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -216,7 +225,3 @@ def build_eval_dataset(split: Split, *, batch_size: int, image_size: int, world_
                                num_parallel_workers=1, python_multiprocessing=False)
     data = data.map(_decode_resize(image_size) + _normalize(), input_columns="image", num_parallel_workers=workers)
     return data.batch(batch_size, drop_remainder=False)
-
-
-def shard_sizes(num_samples: int, world_size: int) -> Sequence[int]:
-    return [len(eval_indices(num_samples, world_size, r)) for r in range(world_size)]

@@ -62,3 +62,38 @@ def synthesize(out_dir: str, num_classes: int = 4, per_class: int = 120, test_fr
             Image.fromarray(draw_fruit(style, rng)).save(os.path.join(folder, f"{i:04d}.jpg"), quality=92)
             counts[split] += 1
     return counts
+
+
+def tie_free_copy(src_dir: str, out_dir: str, per_class: dict = None, noise: int = 8, seed: int = 0) -> dict:
+    """Copy an ImageFolder tree with per-pixel noise added, saved losslessly (PNG).
+
+    Fruits-360's uniform white backgrounds make thousands of pre-activations exactly equal, so one
+    rounding decision (e.g. a ReLU at 0) flips them all at once; independent noise on every pixel
+    removes those ties, which is what a per-step numerical comparison of two implementations needs.
+
+    Args:
+        src_dir: tree with `Training/<class>/` and `Test/<class>/`.
+        out_dir: where the copy goes.
+        per_class: images per class to copy for each split, e.g. {"Training": 4, "Test": 1}; None = all.
+        noise: each channel of each pixel moves by a uniform integer in [-noise, noise].
+        seed: seed of the noise.
+
+    Returns:
+        Image counts per split.
+    """
+    rng = np.random.default_rng(seed)
+    counts = {}
+    for split in ("Training", "Test"):
+        counts[split] = 0
+        for name in sorted(os.listdir(os.path.join(src_dir, split))):
+            files = sorted(os.listdir(os.path.join(src_dir, split, name)))
+            files = files[:per_class[split]] if per_class else files
+            os.makedirs(os.path.join(out_dir, split, name), exist_ok=True)
+            for f in files:
+                with Image.open(os.path.join(src_dir, split, name, f)) as img:
+                    pixels = np.asarray(img.convert("RGB"), dtype=np.int16)
+                pixels = np.clip(pixels + rng.integers(-noise, noise + 1, size=pixels.shape), 0, 255)
+                Image.fromarray(pixels.astype(np.uint8)).save(
+                    os.path.join(out_dir, split, name, os.path.splitext(f)[0] + ".png"))
+                counts[split] += 1
+    return counts

@@ -1,4 +1,4 @@
-"""A small convolutional network without BatchNorm, for exactness tests.
+"""A small convolutional network without BatchNorm, for exactness tests (registered by tests/train_with_test_models.py).
 
 Gradient accumulation over k micro-batches equals one k-times larger batch only when no layer mixes
 the samples of a batch. BatchNorm does (its statistics cover whatever batch it sees), so the tests

@@ -1,0 +1,131 @@
+"""One start-up for every entry point (train, eval, check): the same steps, in the same order.
+
+1. parse the options (`config.parse`);
+2. read how this process was launched, from the environment only;
+3. check everything that can be checked without MindSpore: model name, batch and accumulation splits,
+   paths. A mistake here is one line and exit status 2 within a second, before MindSpore loads or a
+   cluster forms, so `msdist.launch` (which never restarts on exit 2) does not retry a typo;
+4. set the process environment MindSpore reads when it loads (`runtime.prepare`);
+5. `join()`: distributed init, MindSpore's thread pool, this rank's log file.
+
+Steps 1-4 are `start()`. Step 5 is separate because training must claim its output folder and start
+its heartbeat between them.
+"""
+import argparse
+import os
+from dataclasses import dataclass
+from typing import Callable, Sequence, Tuple
+
+from msdist import cluster, config, distributed, runtime
+from msdist.data import pipeline
+from msdist.errors import ConfigError, alike_on_every_rank
+
+Check = Callable[[argparse.Namespace, int], None]  # (config, world size) -> raises a UserError
+
+
+@dataclass(frozen=True)
+class Started:
+    cfg: argparse.Namespace
+    launch: cluster.LaunchEnv
+    rt: runtime.RuntimeInfo
+
+
+def check_model(cfg, world_size: int) -> None:
+    from models.registry import unknown_model_message  # MindSpore-free: model code loads on first use
+    problem = unknown_model_message(cfg.model)
+    if problem:
+        raise ConfigError(f"--model: {problem}")
+
+
+def check_batch_split(cfg, world_size: int) -> None:
+    pipeline.micro_batch_size(pipeline.per_rank_batch(cfg.batch_size, world_size), cfg.grad_accum_steps)
+
+
+def check_data_dir(cfg, world_size: int) -> None:
+    pipeline.check_data_dir(cfg.data_dir)
+
+
+def check_output_dir(cfg, world_size: int) -> None:
+    try:
+        os.makedirs(cfg.output_dir, exist_ok=True)
+        probe = os.path.join(cfg.output_dir, f".write-test-{os.getpid()}")
+        with open(probe, "w", encoding="utf-8"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(f"output_dir {cfg.output_dir!r} is not writable ({e.strerror}); "
+                          "choose another --output_dir") from None
+
+
+def check_resume_path(cfg, world_size: int) -> None:
+    if cfg.resume not in ("", "auto") and not os.path.isfile(cfg.resume):
+        raise ConfigError(f"--resume {cfg.resume!r}: no such checkpoint file; pass an existing .ckpt or 'auto'")
+
+
+def check_ckpt(cfg, world_size: int) -> None:
+    if not cfg.ckpt:
+        raise ConfigError("--ckpt is required: the checkpoint to evaluate")
+    if not os.path.isfile(cfg.ckpt):
+        raise ConfigError(f"--ckpt {cfg.ckpt!r}: no such checkpoint file")
+
+
+TRAIN_CHECKS: Tuple[Check, ...] = (check_model, check_batch_split, check_data_dir, check_output_dir,
+                                   check_resume_path)
+EVAL_CHECKS: Tuple[Check, ...] = (check_ckpt, check_model, check_data_dir, check_output_dir)
+
+
+def run_checks(cfg, world_size: int, checks: Sequence[Check] = TRAIN_CHECKS) -> None:
+    """Step 3 alone, for a supervisor (msdist.launch) that checks a job's config once before starting ranks."""
+    with alike_on_every_rank():
+        for check in checks:
+            check(cfg, world_size)
+
+
+def _compile_cache(cfg, world_size: int) -> str:
+    """This run's compile-cache folder (train only), keyed by what shapes the compiled train step."""
+    if not cfg.compile_cache:
+        return ""
+    # max_steps does not shape the graph: a resume that trains further must find the cache warm.
+    graph_options = [o for o in config.TRAIN_OPTIONS if o.name != "max_steps"]
+    return runtime.compile_cache_dir(cfg.output_dir, config.config_hash(cfg, graph_options), world_size,
+                                     cfg.num_classes or len(pipeline.class_map(cfg.data_dir)))
+
+
+def start(argv=None, *, options: Sequence[config.Option] = config.TRAIN_OPTIONS, prog: str = "msdist.train",
+          checks: Sequence[Check] = TRAIN_CHECKS, compile_cache: bool = False) -> Started:
+    """Steps 1-4: parse, check without MindSpore, set the runtime environment. MindSpore is not loaded yet.
+
+    A process that msrun started as MindSpore's scheduler (MS_ROLE=MS_SCHED) serves as the scheduler
+    here and exits with the job.
+
+    Raises:
+        UserError: any mistake `checks` find (reported as one line, exit status 2, by `errors.cli_main`).
+    """
+    launch = cluster.detect_launch()
+    if launch.kind == "scheduler":  # msrun starts this same command as MindSpore's scheduler too
+        raise SystemExit(distributed.run_scheduler_role(launch))
+    with alike_on_every_rank():  # the same options and files on every rank: one rank per host reports
+        cfg = config.parse(argv, options, prog=prog)
+    run_checks(cfg, launch.world_size, checks)
+    rt = runtime.prepare(getattr(cfg, "verbose", False), getattr(cfg, "cpu_isa", "auto"), launch.local_world_size,
+                         local_rank=launch.local_rank, rank=launch.rank,
+                         bind_cores=getattr(cfg, "bind_cores", True),
+                         compile_cache=_compile_cache(cfg, launch.world_size) if compile_cache else "")
+    return Started(cfg, launch, rt)
+
+
+def join(started: Started, log_dir: str, log_name: str = "rank") -> Tuple[distributed.DistInfo,
+                                                                        distributed.Collectives]:
+    """Step 5: join the job's communication group, size MindSpore's threads, open this rank's log.
+
+    Args:
+        log_dir: the rank's log goes to `{log_dir}/{log_name}_{rank}.log`; under mpirun on CPU the
+            scheduler's log goes there too.
+    """
+    from msdist import monitor
+    cfg = started.cfg
+    dist = distributed.init(started.launch, getattr(cfg, "device_target", "auto"), log_dir,
+                            getattr(cfg, "deterministic", False))
+    runtime.configure_mindspore(started.rt)
+    monitor.setup_logging(log_dir, dist.rank, console=dist.is_main, name=log_name)
+    return dist, distributed.Collectives(dist.world_size)
