@@ -5,7 +5,6 @@ so their logic is checked against the variables each launcher really sets (MindS
 mindspore/parallel/cluster/process_entity/_api.py; OpenMPI; Slurm's srun).
 """
 import ctypes
-import os
 import socket
 import subprocess
 import sys

@@ -20,8 +20,6 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO
-from msdist import heartbeat
 from test_launch import TINY_CONFIG, DATA_DIR, Job, _free_port
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
