@@ -30,6 +30,7 @@ _logger = logging.getLogger(__name__)
 # What a rank's exception says when a collective could not complete because a peer is gone or stopped.
 _COLLECTIVE_FAILURE = re.compile(r"AllReduce|AllGather|ReduceScatter|Broadcast|[Cc]ollective|timed out")
 _VERDICT_GRACE_S = 5.0
+_LINGER_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,11 @@ def finish(launch: LaunchEnv, dist: DistInfo, collectives: "Collectives") -> Non
     if cluster.should_finalize_mpi(launch, dist.device_target):
         collectives.gather([0.0])  # AllGather completes only when every rank reached it
         finalize_mpi()
+    elif dist.world_size > 1:
+        # MindSpore's CPU collectives send asynchronously: a rank whose last AllGather has completed may
+        # still owe a peer its share, and os._exit (runtime.exit_without_teardown) would drop it, failing
+        # that peer (seen: "RingAllGather CollectiveWait failed" on msdist.check's last gather under load).
+        time.sleep(_LINGER_S)
 
 
 def run_scheduler_role(launch: LaunchEnv) -> int:

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -326,8 +327,8 @@ def _pick_port(plan: Plan, attempt: int) -> int:
 def _with_cluster_cause(failure: Failure, scheduler: Optional[subprocess.Popen], log_dir: str) -> Failure:
     """On node 0, a local rank that died because MindSpore's cluster timed out a rank elsewhere: name
     that rank too (the scheduler says which, right before it exits)."""
-    if scheduler is None or failure.rank is None or failure.how.startswith("killed"):
-        return failure  # a killed rank is the cause itself
+    if scheduler is None or failure.rank is None or failure.how == "killed by SIGKILL":
+        return failure  # a SIGKILLed rank is the cause itself (MindSpore ends ranks of a broken cluster by SIGTERM)
     try:
         scheduler.wait(timeout=_SCHEDULER_VERDICT_S)
     except subprocess.TimeoutExpired:
@@ -338,20 +339,57 @@ def _with_cluster_cause(failure: Failure, scheduler: Optional[subprocess.Popen],
     return failure
 
 
-def run_attempt(plan: Plan, train_args: List[str], attempt: int) -> Optional[Failure]:
-    """Run every local rank to the end; return None on success or the first failure seen."""
+def _generation_path(plan: Plan) -> str:
+    return os.path.join(plan.log_dir, "scheduler.generation")
+
+
+def _read_generation(plan: Plan) -> str:
+    try:
+        with open(_generation_path(plan), encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _new_generation(plan: Plan) -> None:
+    """Node 0, before each scheduler starts: a fresh token in the shared log dir, so that other nodes
+    restarting never join the previous attempt's scheduler while it is still dying."""
+    tmp = f"{_generation_path(plan)}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(uuid.uuid4().hex)
+    os.replace(tmp, _generation_path(plan))
+
+
+def _wait_for_new_generation(plan: Plan, joined: str) -> None:
+    deadline = time.monotonic() + plan.startup_timeout
+    while _read_generation(plan) == joined:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"node 0 did not start a new scheduler within {plan.startup_timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[str, str]) -> Optional[Failure]:
+    """Run every local rank to the end; return None on success or the first failure seen.
+
+    Args:
+        joined: carried across attempts: the scheduler generation this node last joined.
+    """
     port = _pick_port(plan, attempt)
     scheduler, workers = None, []
     try:
-        if plan.node_rank == 0:
-            scheduler = cluster.start_scheduler(plan.master_addr, port, plan.world_size,
-                                                    os.path.join(plan.log_dir, "scheduler.log"))
-        # Workers that find no scheduler back off for tens of seconds, so only start them once it listens.
         try:
+            if plan.node_rank == 0:
+                _new_generation(plan)
+                scheduler = cluster.start_scheduler(plan.master_addr, port, plan.world_size,
+                                                    os.path.join(plan.log_dir, "scheduler.log"))
+            elif attempt > 0:
+                _wait_for_new_generation(plan, joined.get("generation", ""))
+            # Workers that find no scheduler back off for tens of seconds, so only start them once it listens.
             cluster.wait_until_listening(plan.master_addr, port, plan.startup_timeout)
         except RuntimeError as e:
             where = "" if plan.node_rank == 0 else "; check --master_addr/--master_port and that node 0's launcher runs"
             return Failure(None, f"{e}{where}")
+        joined["generation"] = _read_generation(plan)
         workers = [_spawn_worker(plan, i, plan.master_addr, port, train_args) for i in range(plan.nproc)]
         ranks = ", ".join(f"rank {w.rank} pid {w.proc.pid}" for w in workers)
         _say(f"attempt {attempt + 1}: started {ranks} (world size {plan.world_size}, node {plan.node_rank}); "
@@ -387,12 +425,13 @@ def supervise(plan: Plan) -> int:
         raise ConfigError(f"--master_port {plan.master_port} is already in use on {plan.master_addr}; "
                           "choose another port or omit --master_port to pick a free one")
     train_args = plan.train_args
+    joined = {}
     for attempt in range(plan.max_restarts + 1):
         if attempt:
             train_args = plan.train_args + ["--resume", "auto"]
             _say(f"restart {attempt} of {plan.max_restarts}: starting the ranks again with --resume auto")
         began = time.monotonic()
-        failure = run_attempt(plan, train_args, attempt)
+        failure = run_attempt(plan, train_args, attempt, joined)
         if failure is None:
             _say(f"all ranks finished in {time.monotonic() - began:.0f} s")
             return 0

@@ -114,7 +114,7 @@ def terminal(is_main: bool, launch_kind: str) -> Optional[TextIO]:
 
     Args:
         is_main: whether this rank speaks on the console at all.
-        launch_kind: `distributed.LaunchEnv.kind`. Under "mpirun" isatty() proves nothing: OpenMPI gives
+        launch_kind: `cluster.LaunchEnv.kind`. Under "mpirun" isatty() proves nothing: OpenMPI gives
             every rank a pseudo-terminal even when mpirun's own output goes to a file or a pipe.
     """
     if not is_main or launch_kind == "mpirun" or not sys.stdout.isatty():

@@ -52,7 +52,7 @@ def _run_scheduler() -> None:
         init()
     except RuntimeError as e:  # e.g. "The total number of timed out node is 1 ... worker 1 is the first one"
         print(f"{cluster.SCHEDULER_PREFIX}MindSpore's scheduler failed: {describe_cluster_error(str(e))}", flush=True)
-        sys.exit(1)
+        os._exit(1)  # pylint: disable=protected-access; MindSpore's teardown of a failed cluster takes seconds
 
 
 def describe_cluster_error(message: str) -> str:

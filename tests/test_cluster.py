@@ -5,7 +5,6 @@ so their logic is checked against the variables each launcher really sets (MindS
 mindspore/parallel/cluster/process_entity/_api.py; OpenMPI; Slurm's srun).
 """
 import ctypes
-import os
 import socket
 import subprocess
 import sys
@@ -224,3 +223,38 @@ def test_finalize_mpi_lets_mpirun_exit_0_after_os_exit():
         status[mode] = (proc.returncode, proc.stdout + proc.stderr)
     assert status["finalize"][0] == 0, status["finalize"][1]
     assert status["skip"][0] != 0, status["skip"][1]
+
+
+# ---------------------------------------------------------------- failure reports
+
+def test_scheduler_verdict_names_the_timed_out_rank(tmp_path):
+    log = tmp_path / "scheduler.log"
+    log.write_text("[WARNING] DISTRIBUTED ... Cluster currently has 2 alive nodes.\n"
+                   "msdist.scheduler: MindSpore's scheduler failed: The total number of timed out node is 1. Timed "
+                   "out node list is: [const vector]{1}, worker 1 is the first one timed out, please check its log.\n")
+    verdict = cluster.scheduler_verdict(str(log))
+    assert verdict.startswith("MindSpore's scheduler failed:")
+    assert cluster.describe_timeout(verdict).startswith("rank 1 stopped responding")
+    assert cluster.describe_timeout("exit code 1") == ""
+    assert cluster.scheduler_verdict(str(tmp_path / "missing.log")) == ""
+
+
+def test_crash_line_skips_mindspores_rulers_and_names_the_rank():
+    from msdist.errors import first_line
+    message = "\n----------------------------------------------------\n- Kernel error:\n" \
+              "----------------------------------------------------\nLaunch kernel failed: Default/AllReduce-op0\n"
+    assert first_line(message) == "Launch kernel failed: Default/AllReduce-op0"
+    assert cluster.rank_label(MPI) == " (rank 3)" and cluster.rank_label({}) == ""
+    assert cluster.node_timeout_s({}) == 30 and cluster.node_timeout_s({"MS_NODE_TIMEOUT": "10"}) == 10
+
+
+def test_established_connections_counts_open_connections_to_a_port():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert cluster.established_connections(port) == 0
+        with socket.create_connection(("127.0.0.1", port)):
+            accepted, _ = server.accept()
+            assert cluster.established_connections(port) == 1
+            accepted.close()
