@@ -118,7 +118,7 @@ def parse_args(argv: Optional[List[str]] = None) -> Plan:
     # Fail here, once, rather than in N ranks; a mistyped launcher option gets its did-you-mean too.
     launcher_options = [o[2:] for o in parser._option_string_actions if o.startswith("--")]  # pylint: disable=protected-access
     cfg = config.parse(train_args, suggest_also=launcher_options)
-    startup.run_checks(cfg, ns.nproc_per_node * ns.nnodes)
+    startup.run_checks(cfg, ns.nproc_per_node * ns.nnodes, startup.OPTION_CHECKS)
     return Plan(ns.nproc_per_node, ns.nnodes, ns.node_rank, ns.master_addr or "127.0.0.1", ns.master_port,
                 ns.max_restarts, ns.heartbeat_timeout, ns.startup_timeout, list(train_args),
                 os.path.abspath(cfg.output_dir), cfg.data_dir)
@@ -459,6 +459,8 @@ def _raise_stop(signum, _frame):
 @cli_main
 def main(argv: Optional[List[str]] = None) -> int:
     plan = parse_args(argv)
+    # Paths are this node's: named once here, before any rank starts, not by every rank after start-up.
+    startup.run_checks(config.parse(plan.train_args), plan.world_size, startup.PATH_CHECKS)
     # MindSpore's cluster accepts only literal IPs: a host name is resolved here, once, for every rank.
     # Other nodes may start before node 0's name is in DNS (Kubernetes), so they retry for a few seconds.
     plan = dataclasses.replace(plan, master_addr=cluster.resolve_host(

@@ -74,8 +74,10 @@ def check_ckpt(cfg, world_size: int) -> None:
         raise ConfigError(f"--ckpt {cfg.ckpt!r}: no such checkpoint file")
 
 
-TRAIN_CHECKS: Tuple[Check, ...] = (check_model, check_batch_split, check_data_dir, check_output_dir,
-                                   check_resume_path, check_pretrained_path)
+# What the options alone decide, and what needs this host's files (a launcher on node 0 cannot see node 1's).
+OPTION_CHECKS: Tuple[Check, ...] = (check_model, check_batch_split)
+PATH_CHECKS: Tuple[Check, ...] = (check_data_dir, check_output_dir, check_resume_path, check_pretrained_path)
+TRAIN_CHECKS: Tuple[Check, ...] = OPTION_CHECKS + PATH_CHECKS
 EVAL_CHECKS: Tuple[Check, ...] = (check_ckpt, check_model, check_data_dir, check_output_dir)
 
 
