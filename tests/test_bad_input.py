@@ -161,6 +161,7 @@ def test_tree_problems_empty_class_extra_and_missing_test_class(tmp_path):
         check.training_exclusions(report, root, skip_bad=True)      # skip never hides tree problems
 
 
+@pytest.mark.multiprocess
 def test_trainer_runs_when_test_lacks_a_class_and_keeps_labels(tmp_path):
     root = _make_tree(tmp_path / "data", train=4, test=2)
     shutil.rmtree(os.path.join(root, "Test", "mango"))
@@ -428,6 +429,7 @@ def test_checkpoint_names_every_parameter_that_does_not_fit(tmp_path, fmt):
 
 # ---------------------------------------------------------------- real processes
 
+@pytest.mark.multiprocess
 def test_data_check_cli_exit_status_and_one_error_line(tmp_path):
     root = _make_tree(tmp_path / "data")
     clean = _run("data", "check", root)
@@ -442,6 +444,7 @@ def test_data_check_cli_exit_status_and_one_error_line(tmp_path):
         assert named in dirty.stdout, dirty.stdout
 
 
+@pytest.mark.multiprocess
 def test_trainer_path_errors_are_one_line(tmp_path):
     root = _make_tree(tmp_path / "data")
     _one_error_line(_run("train", *TINY, "--epochs_num", "3"), "did you mean --epochs?")
@@ -472,12 +475,14 @@ def bad_tree(tmp_path_factory):
     return root
 
 
+@pytest.mark.multiprocess
 def test_trainer_refuses_bad_images_by_default_naming_them(bad_tree, tmp_path):
     proc = _run("train", *TINY, "--data_dir", bad_tree, "--output_dir", str(tmp_path / "out"),
                 "--max_steps", "2")
     _one_error_line(proc, "3 bad image file(s)", "truncated.jpg", "random.jpg", "empty.jpg", "--bad_images skip")
 
 
+@pytest.mark.multiprocess
 def test_trainer_skip_run_then_foreign_checkpoint_and_overwrite(bad_tree, tmp_path):
     out = tmp_path / "out"
     proc = _run("train", *TINY, "--data_dir", bad_tree, "--output_dir", str(out), "--max_steps", "2",
@@ -510,6 +515,7 @@ def test_trainer_skip_run_then_foreign_checkpoint_and_overwrite(bad_tree, tmp_pa
     _one_error_line(evaluated, "does not fit the model", "fc.weight is Float32[2, 64], model needs Float32[2, 512]")
 
 
+@pytest.mark.multiprocess
 def test_two_ranks_leave_out_the_same_bad_files(bad_tree, tmp_path):
     out = tmp_path / "out"
     proc = _run("train", *TINY, "--data_dir", bad_tree, "--output_dir", str(out), "--max_steps", "2",

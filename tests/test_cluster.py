@@ -209,6 +209,7 @@ os._exit(0)
 
 
 @pytest.mark.multiprocess
+@pytest.mark.multiprocess
 def test_finalize_mpi_lets_mpirun_exit_0_after_os_exit():
     """What MindSpore's GPU path does (MPI_Init in-process, then msdist's os._exit), with and without
     distributed.finalize_mpi(): only with it does mpirun count the exit as clean."""

@@ -188,6 +188,7 @@ def test_zero_init_last_bn():
 # ---------------------------------------------------------------- real runs
 
 
+@pytest.mark.multiprocess
 def test_standalone_run_learns_and_reports(standalone_run):
     out, proc = standalone_run
     result = json.loads((out / "result.json").read_text())
@@ -203,11 +204,13 @@ def test_standalone_run_learns_and_reports(standalone_run):
     assert "[INFO]" not in proc.stderr and "[WARNING]" not in proc.stderr  # MindSpore's C++ logs are off
 
 
+@pytest.mark.multiprocess
 def test_verbose_lets_mindspores_own_log_lines_through(data_dir, tmp_path):
     proc = run_msdist("train", tiny_args(data_dir, tmp_path, "--max_steps", 1, "--verbose", "true"))
     assert "[INFO]" in proc.stderr or "[WARNING]" in proc.stderr
 
 
+@pytest.mark.multiprocess
 def test_eval_cli_standalone_and_mpirun_agree(standalone_run, data_dir, tmp_path):
     out, _ = standalone_run
     expected = json.loads((out / "result.json").read_text())["accuracy"]
@@ -249,6 +252,7 @@ def mpirun_run(tmp_path_factory, data_dir):
     return out, proc
 
 
+@pytest.mark.multiprocess
 def test_mpirun_two_ranks_one_result(mpirun_run):
     out, proc = mpirun_run
     assert proc.stdout.count("eval result: {'accuracy': ") == 1
@@ -261,6 +265,7 @@ def test_mpirun_two_ranks_one_result(mpirun_run):
     assert "rank1" not in proc.stdout  # only rank 0 speaks on the console
 
 
+@pytest.mark.multiprocess
 def test_scale_lr_multiplies_the_lr_by_the_world_size(data_dir, tmp_path):
     proc = run_msdist("train", tiny_args(data_dir, tmp_path, "--max_steps", 1, "--log_every", 1, "--lr", 0.03,
                                          "--lr_schedule", "constant", "--warmup_epochs", 0, "--scale_lr", "true"),
@@ -268,6 +273,7 @@ def test_scale_lr_multiplies_the_lr_by_the_world_size(data_dir, tmp_path):
     assert "| lr 0.060000 |" in proc.stdout, proc.stdout
 
 
+@pytest.mark.multiprocess
 def test_mpirun_checkpoints_are_per_rank_and_identical(mpirun_run):
     out, _ = mpirun_run
     (rank0,), (rank1,) = checkpoints(out, 0), checkpoints(out, 1)
@@ -287,12 +293,14 @@ def test_mpirun_checkpoints_are_per_rank_and_identical(mpirun_run):
     assert not np.array_equal(ema0["stem.1.moving_mean"], a["stem.1.moving_mean"])  # an average, not a copy
 
 
+@pytest.mark.multiprocess
 def test_scheduler_gone_after_run(mpirun_run):
     out, _ = mpirun_run
     assert (out / "logs" / "scheduler.log").exists()  # rank 0 did start one
     assert not _wait_until_no_scheduler(out, 10)  # its watchdog reaps it a few seconds after rank 0 exits
 
 
+@pytest.mark.multiprocess
 def test_indivisible_batch_under_mpirun_fails_fast_and_clearly(data_dir, tmp_path):
     proc = run_msdist("train", tiny_args(data_dir, tmp_path, "--batch_size", 15), ranks=2, check=False, timeout=120)
     assert proc.returncode != 0
@@ -300,6 +308,7 @@ def test_indivisible_batch_under_mpirun_fails_fast_and_clearly(data_dir, tmp_pat
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
+@pytest.mark.multiprocess
 def test_killed_rank_ends_job_and_scheduler(data_dir, tmp_path):
     cmd = mpirun(2) + [sys.executable, "-m", "msdist.train"] + tiny_args(data_dir, tmp_path, "--epochs", 20,
                                                                         "--log_every", 5)
@@ -344,6 +353,7 @@ def _env_of(pid: int) -> dict:
     return dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
 
 
+@pytest.mark.multiprocess
 def test_resume_continues_at_the_right_epoch_and_lr(data_dir, tmp_path):
     """Stop mid-epoch 2, resume from that checkpoint's PATH: same final weights as one uninterrupted run.
 

@@ -62,6 +62,7 @@ def test_an_error_every_rank_finds_is_printed_once_under_mpirun(data_dir, tmp_pa
     assert proc.stderr.count("msdist: error: --model: unknown model 'resnet5'; did you mean resnet50?") == 1, proc.stderr
 
 
+@pytest.mark.multiprocess
 def test_a_mistake_found_before_mindspore_loads_is_quick_and_exit_2(data_dir, tmp_path):
     """Model names and batch splits are checked from the command line alone: exit 2 before MindSpore loads."""
     for extra, message in ((("--model", "resnet5"), "unknown model 'resnet5'"),

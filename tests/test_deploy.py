@@ -127,6 +127,7 @@ def test_launch_job_runs_one_launcher_per_node_indexed_by_pod():
     assert _mounted_at(container, _option(cmd, "--data_dir")) and _mounted_at(container, _option(cmd, "--output_dir"))
 
 
+@pytest.mark.multiprocess
 def test_sbatch_is_valid_bash_with_mpirun_and_srun_paths():
     subprocess.run(["bash", "-n", SBATCH], check=True)
     text = _read(SBATCH)

@@ -166,6 +166,7 @@ def _free_port():
 
 # ---------------------------------------------------------------- fast checks, no MindSpore
 
+@pytest.mark.multiprocess
 def test_busy_explicit_port_is_refused_at_once(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -178,6 +179,7 @@ def test_busy_explicit_port_is_refused_at_once(tmp_path):
     assert not os.path.exists(os.path.join(job.output_dir, "logs", "rank_0.heartbeat"))
 
 
+@pytest.mark.multiprocess
 def test_bad_train_option_fails_before_starting_anything(tmp_path):
     with pytest.raises(ConfigError, match="unknown option --epoch"):
         launch.parse_args(["-n", "2", "--config", "configs/tiny_test.yaml", "--epoch", "3"])
@@ -198,6 +200,7 @@ def test_bad_train_option_fails_before_starting_anything(tmp_path):
     assert not os.path.exists(tmp_path / "out" / "logs")
 
 
+@pytest.mark.multiprocess
 def test_unresolvable_master_addr_is_named_at_once(tmp_path):
     # (a name that resolves is used by the two-nodes-on-one-machine run: --master_addr localhost)
     began = time.monotonic()
@@ -244,6 +247,7 @@ def test_first_cause_prefers_a_dead_rank_then_the_longest_silent():
     assert launch._first_cause([stalled_late, dead, stalled_early]).rank == 2
 
 
+@pytest.mark.multiprocess
 def test_stall_limit_is_startup_timeout_until_the_first_step(tmp_path):
     plan = launch.parse_args(["-n", "1", "--heartbeat_timeout", "10", "--startup_timeout", "600",
                               "--output_dir", str(tmp_path), "--data_dir", str(tmp_path)])
@@ -328,6 +332,7 @@ def test_prune_keeps_the_newest_checkpoints_of_this_rank_only(tmp_path):
 
 # ---------------------------------------------------------------- real runs
 
+@pytest.mark.multiprocess
 def test_kill9_is_named_fast_and_restart_resumes_exactly(tmp_path, background_jobs):
     """kill -9 of rank 1 in epoch 3, after corrupting rank 1's epoch-2 checkpoint.
 
@@ -367,6 +372,7 @@ def test_kill9_is_named_fast_and_restart_resumes_exactly(tmp_path, background_jo
         assert not different, f"rank {rank}: {len(different)} parameters differ, e.g. {different[:3]}"
 
 
+@pytest.mark.multiprocess
 def test_sigstop_is_detected_by_heartbeat(background_jobs):
     job = background_jobs["stall"]
     assert job.wait() != 0
@@ -376,6 +382,7 @@ def test_sigstop_is_detected_by_heartbeat(background_jobs):
     assert job.leftovers() == []
 
 
+@pytest.mark.multiprocess
 def test_exception_reported_once_and_restart_budget_exhausted(background_jobs):
     job = background_jobs["always_fails"]
     assert job.wait() == 1
@@ -388,6 +395,7 @@ def test_exception_reported_once_and_restart_budget_exhausted(background_jobs):
     assert job.leftovers() == []
 
 
+@pytest.mark.multiprocess
 def test_two_nodes_on_one_machine_form_one_job(background_jobs):
     _assert_one_job_of_two_nodes(background_jobs["node0"], background_jobs["node1"])
     for node in ("node0", "node1"):
@@ -409,6 +417,7 @@ def _assert_one_job_of_two_nodes(node0, node1):
     assert f"started rank 1 pid {beat['pid']} (world size 2, node 1)" in node1.stderr()
 
 
+@pytest.mark.multiprocess
 def test_user_error_in_a_rank_is_not_restarted(tmp_path):
     taken = tmp_path / "user_error" / "ckpt"   # another run's checkpoints: only the ranks look there
     taken.mkdir(parents=True)
@@ -421,6 +430,7 @@ def test_user_error_in_a_rank_is_not_restarted(tmp_path):
     assert job.leftovers() == []
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_or_ctrl_c_to_launcher_leaves_nothing_behind(tmp_path, sig):
     job = Job(tmp_path, "stopped", ["-n", "2"], SHORT_ARGS)
@@ -437,6 +447,7 @@ def test_sigterm_or_ctrl_c_to_launcher_leaves_nothing_behind(tmp_path, sig):
     assert job.leftovers() == []
 
 
+@pytest.mark.multiprocess
 def test_mpirun_killed_rank_ends_job_and_retry_loop_resumes(background_jobs):
     if "mpirun_retry" not in background_jobs:
         pytest.skip("mpirun is not installed")
@@ -451,6 +462,7 @@ def test_mpirun_killed_rank_ends_job_and_retry_loop_resumes(background_jobs):
     assert job.leftovers(settle_s=15) == []
 
 
+@pytest.mark.multiprocess
 def test_kill9_of_launcher_leaves_nothing_behind(tmp_path):
     job = Job(tmp_path, "launcher_kill9", ["-n", "2"], SHORT_ARGS)
     job.wait_for_beat(0)

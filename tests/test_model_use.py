@@ -22,6 +22,7 @@ def trained_ckpt(standalone_run, tmp_path_factory):
     return str(folder / os.path.basename(src)), json.loads((out / "result.json").read_text())
 
 
+@pytest.mark.multiprocess
 def test_predict_from_the_checkpoint_alone(trained_ckpt, data_dir, tmp_path):
     ckpt, result = trained_ckpt
     test_dir = os.path.join(data_dir, "Test")
@@ -45,6 +46,7 @@ def test_predict_from_the_checkpoint_alone(trained_ckpt, data_dir, tmp_path):
     assert right == result["correct"]
 
 
+@pytest.mark.multiprocess
 def test_predict_text_output_and_unreadable_checkpoint(trained_ckpt, data_dir, tmp_path):
     ckpt, _ = trained_ckpt
     image = os.path.join(data_dir, "Test", "lemon", sorted(os.listdir(os.path.join(data_dir, "Test", "lemon")))[0])
@@ -74,6 +76,7 @@ def _checkpoint_logits(ckpt, images):
     return net(ms.Tensor(images)).asnumpy(), net, meta
 
 
+@pytest.mark.multiprocess
 def test_export_mindir_gives_the_checkpoints_logits(trained_ckpt, data_dir, tmp_path):
     import mindspore as ms
     from mindspore import nn
@@ -257,6 +260,7 @@ def finetune_run(tmp_path_factory, data_dir):
     return out, proc, source
 
 
+@pytest.mark.multiprocess
 def test_frozen_backbone_does_not_move(finetune_run):
     from conftest import load_params
     out, proc, source = finetune_run

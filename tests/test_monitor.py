@@ -51,6 +51,7 @@ def tiny_run(tmp_path_factory):
 
 # ---------------------------------------------------------------- a real run
 
+@pytest.mark.multiprocess
 def test_step_lines_and_epoch_summaries_on_a_pipe(tiny_run):
     _, stdout = tiny_run
     lines = stdout.splitlines()
@@ -64,6 +65,7 @@ def test_step_lines_and_epoch_summaries_on_a_pipe(tiny_run):
     assert len(summaries) == 2 and all("val accuracy" in s and "img/s" in s for s in summaries)
 
 
+@pytest.mark.multiprocess
 def test_metrics_jsonl_has_step_and_epoch_records(tiny_run):
     run_dir, _ = tiny_run
     runs, steps, epochs = (_records(run_dir, k) for k in ("run", "step", "epoch"))
@@ -77,6 +79,7 @@ def test_metrics_jsonl_has_step_and_epoch_records(tiny_run):
     assert epochs[-1]["val_accuracy"] == result["accuracy"]  # the last epoch's evaluation is the final one
 
 
+@pytest.mark.multiprocess
 def test_tensorboard_events_read_back_with_tensorboard(tiny_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -100,6 +103,7 @@ def _png_size(path):
     return struct.unpack(">II", head[16:24])
 
 
+@pytest.mark.multiprocess
 def test_report_cli_for_one_run(tiny_run):
     run_dir, _ = tiny_run
     proc = subprocess.run([sys.executable, "-m", "msdist.report", run_dir], cwd=REPO, env=_env(),
@@ -116,6 +120,7 @@ def test_report_cli_for_one_run(tiny_run):
     assert "model=resnet_tiny" in proc.stdout
 
 
+@pytest.mark.multiprocess
 def test_report_overlays_two_runs(tiny_run, tmp_path, capsys):
     run_dir, _ = tiny_run
     other = tmp_path / "other"
@@ -130,6 +135,7 @@ def test_report_overlays_two_runs(tiny_run, tmp_path, capsys):
     assert sum(line.startswith(("first (1p) ", "second (1p) ")) for line in text.splitlines()) == 2
 
 
+@pytest.mark.multiprocess
 def test_report_without_metrics_is_a_one_line_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "msdist.report", str(tmp_path)], cwd=REPO, env=_env(),
                           capture_output=True, text=True, timeout=60)

@@ -182,6 +182,7 @@ def test_mixing_partners_cross_ranks():
     assert np.isin(partners[0], single[0][1::2]).any()
 
 
+@pytest.mark.multiprocess
 def test_bench_cli_prints_images_per_second(data_dir):
     proc = run_msdist("data", ["bench", data_dir, "--image_size", "32", "--epochs", "1", "--batch_size", "16"],
                       timeout=120)
@@ -189,6 +190,7 @@ def test_bench_cli_prints_images_per_second(data_dir):
     assert rate > 0
 
 
+@pytest.mark.multiprocess
 def test_training_with_soft_labels_runs(data_dir, tmp_path):
     """Every regularization option through the trainer: float targets compile and train (resume is covered above)."""
     proc = run_msdist("train", tiny_args(data_dir, tmp_path, "--train_crop", "random_resized", "--color_jitter", 0.3,

@@ -3,11 +3,13 @@ import os
 import subprocess
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from conftest import REPO, base_env, run_msdist
 
 
+@pytest.mark.multiprocess
 def test_synth_writes_an_imagefolder_tree(tmp_path):
     proc = run_msdist("data", ["synth", str(tmp_path), "--classes", "3", "--per_class", "8"])
     assert "wrote 24 training and 6 test images in 3 classes" in proc.stdout
@@ -21,6 +23,7 @@ def test_synth_writes_an_imagefolder_tree(tmp_path):
     assert image.shape == (100, 100, 3) and image.std() > 10  # a real picture, not a blank
 
 
+@pytest.mark.multiprocess
 def test_check_all_gathers_ranks_under_mpirun():
     proc = run_msdist("check", [], ranks=2, timeout=180)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("rank ")]
@@ -30,6 +33,7 @@ def test_check_all_gathers_ranks_under_mpirun():
         assert "device CPU" in line and "backend mccl" in line and "mindspore 2." in line
 
 
+@pytest.mark.multiprocess
 def test_scripts_name_the_install_when_mpirun_is_missing():
     env = dict(base_env(), MPIRUN="/nonexistent/mpirun")
     for script in ("run_distribute_train.sh", "run_distribute_train_2p.sh"):

@@ -165,6 +165,7 @@ def _final(job, rank):
     return {k: v.asnumpy() for k, v in ms.load_checkpoint(info.path).items() if hasattr(v, "asnumpy")}
 
 
+@pytest.mark.multiprocess
 def test_two_hosts_equal_one_host_with_two_ranks(runs):
     one, pair = runs["one_host"], runs["pair"]
     for job in (one, pair[0], pair[1]):
@@ -179,6 +180,7 @@ def test_two_hosts_equal_one_host_with_two_ranks(runs):
     assert results[0]["accuracy"] == results[1]["accuracy"] and results[0]["loss"] == results[1]["loss"]
 
 
+@pytest.mark.multiprocess
 def test_kill9_on_one_host_ends_both_launchers_naming_it(runs):
     job_a, job_b = runs["killed"][0], runs["killed"][1]
     kill = runs["kills"]["killed"]
@@ -194,6 +196,7 @@ def test_kill9_on_one_host_ends_both_launchers_naming_it(runs):
     assert job_a.leftovers() == [] and job_b.leftovers() == []   # in either namespace
 
 
+@pytest.mark.multiprocess
 def test_max_restarts_recovers_across_both_hosts(runs):
     job_a, job_b = runs["restarted"][0], runs["restarted"][1]
     runs["kills"]["restarted"]["thread"].join(timeout=300)
@@ -207,6 +210,7 @@ def test_max_restarts_recovers_across_both_hosts(runs):
         assert "resumed from" in f.read()
 
 
+@pytest.mark.multiprocess
 def test_mpirun_across_both_hosts_with_an_ip_netns_rsh_agent(runs):
     if "mpirun" not in runs:
         pytest.skip("mpirun is not installed")
