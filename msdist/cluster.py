@@ -16,6 +16,7 @@ Ways a process can be started (`LaunchEnv.kind`):
 Every decision here is a pure function of the environment, so each launcher's logic is unit-tested
 even where the launcher (or a GPU) is not available.
 """
+import ctypes
 import ipaddress
 import logging
 import os
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from msdist.errors import ConfigError
+from msdist.files import atomic_write_text
 
 _logger = logging.getLogger(__name__)
 
@@ -304,6 +306,22 @@ def is_local_address(ip: str) -> bool:
         return False
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    """Ask the kernel to send `sig` to this process when its parent exits (even by SIGKILL).
+
+    Returns:
+        False where that is not available (not glibc); callers then rely on their own polling.
+    """
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+    except OSError:
+        return False
+    return True
+
+
 def cluster_env(host: str, port: int, world_size: int) -> dict:
     """The variables MindSpore's dynamic cluster reads, shared by scheduler and workers."""
     return {"MS_SCHED_HOST": host, "MS_SCHED_PORT": str(port), "MS_WORKER_NUM": str(world_size)}
@@ -361,11 +379,7 @@ def rendezvous_path(job_id: str) -> str:
 
 
 def publish_port(job_id: str, port: int) -> None:
-    path = rendezvous_path(job_id)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(str(port))
-    os.replace(tmp, path)  # readers never see a half-written port
+    atomic_write_text(rendezvous_path(job_id), str(port))  # readers never see a half-written port
 
 
 def wait_for_port(job_id: str, timeout_s: float = RENDEZVOUS_TIMEOUT_S) -> int:

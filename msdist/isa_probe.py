@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+from msdist.files import atomic_write_text
+
 _logger = logging.getLogger(__name__)
 
 _PROBE_TIMEOUT_S = 120
@@ -109,10 +111,7 @@ def best_isa() -> str:
                 best = ""
             cache[key] = {"isa": best, "seconds": {k or "default": v for k, v in timings.items()},
                           "probe_seconds": round(time.perf_counter() - start, 1)}
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(cache, f, indent=1)
-            os.replace(tmp, path)
+            atomic_write_text(path, json.dumps(cache, indent=1))
             _logger.info("probed oneDNN ISA for %s: %s", key, cache[key])
     return cache[key]["isa"]
 

@@ -17,7 +17,6 @@ init. Until the rank's first training step the limit is --startup_timeout, becau
 cluster init and compiler can hold the Python lock (and so silence the heartbeat thread) for a
 while; from then on it is --heartbeat_timeout.
 """
-import ctypes
 import dataclasses
 import os
 import re
@@ -31,6 +30,7 @@ from typing import Dict, List, Optional
 
 from msdist import cluster, config, heartbeat, startup
 from msdist.errors import ConfigError, cli_main
+from msdist.files import atomic_write_text
 
 _POLL_S = 0.5
 _TERM_GRACE_S = 4.0            # SIGTERM -> SIGKILL; keeps "all stopped" well under 15 s
@@ -40,7 +40,6 @@ _RESOLVE_RETRY_S = 10.0        # nodes > 0: node 0's host name may appear in DNS
 _TRACEBACK_LINES = 12
 _USER_ERROR_EXIT = 2             # msdist.errors.cli_main's status for a UserError
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
-_PR_SET_PDEATHSIG = 1
 
 
 def _say(message: str) -> None:
@@ -128,10 +127,8 @@ def parse_args(argv: Optional[List[str]] = None) -> Plan:
 
 def _die_with_launcher() -> None:
     """Runs in each worker before exec: the kernel kills it if the launcher dies, even by SIGKILL."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:  # not glibc: SIGTERM/Ctrl-C cleanup still works, only launcher SIGKILL could orphan
-        pass
+    # Without it (not glibc) SIGTERM/Ctrl-C cleanup still works; only a launcher SIGKILL could orphan.
+    cluster.set_parent_death_signal(signal.SIGKILL)
 
 
 @dataclass
@@ -354,10 +351,7 @@ def _read_generation(plan: Plan) -> str:
 def _new_generation(plan: Plan) -> None:
     """Node 0, before each scheduler starts: a fresh token in the shared log dir, so that other nodes
     restarting never join the previous attempt's scheduler while it is still dying."""
-    tmp = f"{_generation_path(plan)}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(uuid.uuid4().hex)
-    os.replace(tmp, _generation_path(plan))
+    atomic_write_text(_generation_path(plan), uuid.uuid4().hex)
 
 
 def _wait_for_new_generation(plan: Plan, joined: str) -> None:

@@ -15,7 +15,6 @@ Under msrun the entry point itself is started with MS_ROLE=MS_SCHED (msrun runs 
 once more as its scheduler); `serve_job()` then runs the scheduler proper the same way and ends it
 when the job's workers are gone (msrun waits for the scheduler before it exits).
 """
-import ctypes
 import os
 import signal
 import subprocess
@@ -24,7 +23,6 @@ import time
 
 from msdist import cluster
 
-_PR_SET_PDEATHSIG = 1
 _GRACE_AFTER_PARENT_S = 3.0
 _JOB_GONE_S = 3.0   # no worker connected and no sibling worker alive for this long: the job is over
 _CHILD_FLAG = "MSDIST_SCHEDULER_CHILD"
@@ -33,10 +31,7 @@ _CHILD_FLAG = "MSDIST_SCHEDULER_CHILD"
 def _die_with_parent(sig: int) -> None:
     """Ask the kernel to send `sig` when our parent exits; exit now if it already has."""
     parent = int(os.environ.get("MSDIST_PARENT_PID", "0"))
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
-    except OSError:  # not glibc: the parent-liveness poll in _watch still covers us
-        pass
+    cluster.set_parent_death_signal(sig)  # without it (not glibc) the parent-liveness poll in _watch covers us
     if parent and os.getppid() != parent:
         sys.exit(1)  # the parent died before prctl took effect
 

@@ -37,7 +37,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from msdist.data.pipeline import IMAGE_EXTENSIONS, TEST_SPLIT, TRAIN_SPLIT, is_image
-from msdist.errors import DataError
+from msdist.errors import DataError, first_line
+from msdist.files import atomic_write_text
 from msdist.runtime import usable_cores
 
 _logger = logging.getLogger(__name__)
@@ -154,7 +155,7 @@ def _file_problem(path: str, root_real: str) -> Tuple[Optional[str], str]:
         except UnidentifiedImageError:
             return "not an image (no known image format)", ""
         except Exception as e:  # noqa: BLE001 - any decoder failure means the file is unusable
-            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            text = first_line(str(e)) or type(e).__name__
             return ("truncated image" if "truncated" in text.lower() else f"corrupt image: {text}"), ""
     if fmt not in DECODABLE_FORMATS:
         return f"a {fmt} image, which MindSpore does not decode; convert it to JPEG or PNG", fmt
@@ -316,10 +317,7 @@ def scan_cached(data_dir: str, cache_dir: Optional[str] = None) -> Report:
     report = scan(data_dir)
     try:
         os.makedirs(cache_dir, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(_to_json(report), f)
-        os.replace(tmp, path)   # atomic: a concurrent reader sees the old state or the whole new one
+        atomic_write_text(path, json.dumps(_to_json(report)))  # a concurrent reader sees old or whole new
     except OSError as e:
         _logger.debug("data check cache %s not written: %s", path, e)
     return report
