@@ -16,8 +16,10 @@ not send this step is added to its next gradient (Seide et al. 2014; Lin et al. 
 Gradient Compression"). Residuals are rank-local state, saved in each rank's checkpoint as
 `residual.<parameter name>` so a resumed run continues exactly.
 
-Gradients reach the reducer multiplied by the fixed loss scale (the optimizer divides it out), so
-the threshold is compared in scaled units and the residual is kept in scaled units too.
+The train step (`engine.ScaledUpdate`) divides the loss scale out before the reducer, so thresholds
+and residuals are in plain gradient units whatever the (dynamic) scale does; only the float16
+exchange gets the gradients still scaled (`reduces_scaled`), which keeps small values above float16's
+underflow.
 
 `AccumulatingTrainStep` runs `grad_accum_steps` micro-batches per optimizer step: a compiled
 micro-step adds each micro-batch's gradients into buffers, and a compiled apply step reduces them
@@ -29,7 +31,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
-from msdist.engine import default_reducer
+from msdist.engine import ScaledUpdate, default_reducer
 from msdist.errors import ConfigError
 
 COMPRESSIONS = ("none", "fp16", "topk", "threshold")
@@ -76,6 +78,8 @@ class Fp16AllReduce(nn.Cell):
     scaled gradient elements must stay below 65504.
     """
 
+    reduces_scaled = True  # engine.ScaledUpdate hands over the gradients still loss-scaled
+
     def __init__(self, params, world_size: int):
         super().__init__(auto_prefix=False)
         self.inv_world = 1.0 / world_size
@@ -103,7 +107,7 @@ class _SparseTensorExchange(nn.Cell):
             self.residual = Parameter(Tensor(np.zeros(param.shape, np.float32)), name=RESIDUAL_PREFIX + param.name,
                                       requires_grad=False)
 
-    def construct(self, grad):
+    def construct(self, grad, skip=None):
         flat = grad.reshape(-1)
         if self.residual is not None:
             flat = flat + self.residual.reshape(-1)
@@ -115,7 +119,10 @@ class _SparseTensorExchange(nn.Cell):
         dense = ops.tensor_scatter_add(ops.zeros_like(flat), all_index, self.all_gather(values)) * self.inv_world
         if self.residual is not None:
             sent = ops.tensor_scatter_update(ops.zeros_like(flat), index.reshape(-1, 1), values)
-            dense = ops.depend(dense, ops.assign(self.residual, (flat - sent).reshape(grad.shape)))
+            kept = flat - sent
+            if skip is not None:  # a skipped (overflow) step leaves the residual as it was
+                kept = ops.select(ops.broadcast_to(skip, kept.shape), self.residual.reshape(-1), kept)
+            dense = ops.depend(dense, ops.assign(self.residual, kept.reshape(grad.shape)))
         return dense.reshape(grad.shape)
 
 
@@ -126,7 +133,7 @@ class SparseAllGather(nn.Cell):
         params: the trainable parameters, in gradient order.
         world_size: number of ranks.
         topk_ratio: fraction of each tensor's elements sent (the exchange buffer size).
-        threshold: scaled magnitude an element must exceed to be sent; None sends the top-K as is.
+        threshold: magnitude an element must exceed to be sent; None sends the top-K as is.
         error_feedback: keep per-parameter residuals of what was not sent.
     """
 
@@ -137,10 +144,12 @@ class SparseAllGather(nn.Cell):
             _SparseTensorExchange(p, kept_elements(int(np.prod(p.shape)), topk_ratio), world_size, threshold,
                                   error_feedback) for p in params], auto_prefix=False)
 
-    def construct(self, grads):
+    guards_state = True  # engine.ScaledUpdate passes the skip flag: residuals stay put on a skipped step
+
+    def construct(self, grads, skip=None):
         reduced = ()
         for i in range(len(self.exchanges)):
-            reduced = reduced + (self.exchanges[i](grads[i]),)
+            reduced = reduced + (self.exchanges[i](grads[i], skip),)
         return reduced
 
     def residuals(self) -> List[Parameter]:
@@ -148,7 +157,7 @@ class SparseAllGather(nn.Cell):
 
 
 def create_reducer(compression: str, params, world_size: int, *, topk_ratio: float = 0.01,
-                   threshold: float = 1e-3, error_feedback: bool = True, loss_scale: float = 1.0):
+                   threshold: float = 1e-3, error_feedback: bool = True):
     """The cell that turns each rank's gradients into their cross-rank mean; None on one rank.
 
     Args:
@@ -156,9 +165,8 @@ def create_reducer(compression: str, params, world_size: int, *, topk_ratio: flo
         params: the optimizer's parameters, in gradient order.
         world_size: number of ranks.
         topk_ratio: topk/threshold: fraction of each tensor sent.
-        threshold: threshold: unscaled gradient magnitude to exceed.
+        threshold: threshold: gradient magnitude to exceed.
         error_feedback: topk/threshold: keep residuals of what was not sent.
-        loss_scale: the fixed loss scale the gradients carry.
     """
     if compression not in COMPRESSIONS:
         raise ConfigError(f"grad_compression {compression!r} is not one of {', '.join(COMPRESSIONS)}")
@@ -168,7 +176,7 @@ def create_reducer(compression: str, params, world_size: int, *, topk_ratio: flo
         return default_reducer(params, world_size)
     if compression == "fp16":
         return Fp16AllReduce(params, world_size)
-    cutoff = threshold * loss_scale if compression == "threshold" else None
+    cutoff = threshold if compression == "threshold" else None
     return SparseAllGather(params, world_size, topk_ratio, cutoff, error_feedback)
 
 
@@ -189,19 +197,16 @@ def micro_batch_size(per_rank_batch: int, accum_steps: int) -> int:
 class _ApplyAccumulated(nn.Cell):
     """Average the accumulated gradients, reduce them over ranks once, step the optimizer, clear."""
 
-    def __init__(self, accumulated: ParameterTuple, optimizer, reducer, accum_steps: int):
+    def __init__(self, accumulated: ParameterTuple, update, accum_steps: int):
         super().__init__(auto_prefix=False)
         self.accumulated = accumulated
-        self.optimizer = optimizer
-        self.reducer = reducer
+        self.update = update
         self.inv_steps = 1.0 / accum_steps
         self.hyper_map = ops.HyperMap()
 
     def construct(self):
         grads = self.hyper_map(ops.partial(_scaled_cast, self.inv_steps, ms.float32), self.accumulated)
-        if self.reducer is not None:
-            grads = self.reducer(grads)
-        done = self.optimizer(grads)
+        done = self.update(grads)
         # Auto-monad keeps side effects in program order: the buffers are read above, cleared here.
         return ops.depend(done, self.hyper_map(_clear, self.accumulated))
 
@@ -224,28 +229,27 @@ class AccumulatingTrainStep(nn.Cell):
     Args:
         net: the model.
         loss_fn: loss cell (logits, labels) -> scalar mean over the micro-batch.
-        optimizer: its `loss_scale` must equal `loss_scale` here.
-        loss_scale: the fixed scale the loss is multiplied by before backward.
+        optimizer: with `loss_scale` 1 (`optim.create_optimizer`).
+        scaler: `loss_scale.LossScaler`; a dynamic scale changes only in the apply step.
         reducer: from `create_reducer`; None on a single rank.
         accum_steps: micro-batches per optimizer step.
     """
 
-    def __init__(self, net, loss_fn, optimizer, loss_scale: float, reducer, accum_steps: int):
+    def __init__(self, net, loss_fn, optimizer, scaler, reducer, accum_steps: int):
         super().__init__(auto_prefix=False)
         self.net_with_loss = nn.WithLossCell(net, loss_fn)
         self.weights = optimizer.parameters
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
-        self.loss_scale = loss_scale
+        self.scaler = scaler
         self.accum_steps = accum_steps
         self.accumulated = ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"accum.{p.name}",
                                                      requires_grad=False) for p in self.weights])
         self.hyper_map = ops.HyperMap()
-        self.apply_step = _ApplyAccumulated(self.accumulated, optimizer, reducer, accum_steps)
+        self.apply_step = _ApplyAccumulated(self.accumulated, ScaledUpdate(optimizer, reducer, scaler), accum_steps)
 
     def construct(self, images, labels):
         loss = self.net_with_loss(images, labels)
-        sens = ops.fill(loss.dtype, loss.shape, self.loss_scale)
-        grads = self.grad(self.net_with_loss, self.weights)(images, labels, sens)
+        grads = self.grad(self.net_with_loss, self.weights)(images, labels, self.scaler.sens(loss))
         return ops.depend(loss, self.hyper_map(ops.assign_add, self.accumulated, grads))
 
     def compile(self, images, labels):

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 import yaml
 
 from msdist.errors import ConfigError
+from msdist import precision
 from msdist.runtime import CPU_ISA_CHOICES
 
 
@@ -42,6 +43,7 @@ class Option:
     above: Optional[float] = None      # exclusive lower bound
     max: Optional[float] = None        # inclusive upper bound
     hashed: bool = True                # part of the config hash stored in checkpoints
+    check: Optional[Callable[[Any], None]] = None  # raises ConfigError for a value the other fields cannot reject
 
 
 def _opt(name, type_, default, help_, **kw) -> Option:
@@ -77,7 +79,10 @@ TRAIN_OPTIONS = [
     _opt("min_lr", float, 0.0, "cosine schedule: final learning rate", min=0),
     _opt("momentum", float, 0.9, "SGD momentum", min=0, max=1),
     _opt("weight_decay", float, 1e-4, "L2 weight decay on conv/dense weights (not BN, not bias)", min=0),
-    _opt("loss_scale", float, 1024.0, "fixed loss scale", above=0),
+    _opt("loss_scale", precision.parse_loss_scale, "auto", "auto = dynamic when float16 carries gradients (amp "
+         "O2/O3 float16, grad_compression fp16), else none; dynamic = halve on overflow and skip that step on every "
+         "rank, double after 1000 clean steps (saved in checkpoints); a number = that fixed scale",
+         check=precision.check_loss_scale),
     _opt("seed", int, 1, "seed for every RNG; identical on every rank", min=0),
     _opt("deterministic", boolean, False, "ask MindSpore for deterministic kernels"),
     # gradient communication (msdist/comm.py, docs/grad_comm.md)
@@ -100,8 +105,8 @@ TRAIN_OPTIONS = [
          hashed=False),
     _opt("compile_cache", boolean, True, "keep compiled graphs under {output_dir}/compile_cache so a restart "
          "skips compilation (keyed by config, world size, MindSpore version and sources)", hashed=False),
-    _opt("amp_level", str, "O0", "mixed precision: O0 = float32; O2 = low precision except BatchNorm; O3 = all "
-         "low precision", choices=("O0", "O2", "O3")),
+    _opt("amp_level", str, "auto", "mixed precision: auto = O2 on GPU, O0 on CPU; O0 = float32; O2 = low "
+         "precision except BatchNorm (and SyncBatchNorm); O3 = all low precision", choices=precision.AMP_LEVELS),
     _opt("amp_dtype", str, "float16", "low-precision type for amp_level O2/O3 (MindSpore's CPU convolutions "
          "accept neither)", choices=("float16", "bfloat16")),
     _opt("verbose", boolean, False, "show MindSpore's own C++ INFO/WARNING lines", hashed=False),
@@ -136,13 +141,17 @@ class ArgumentParser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+def _metavar(opt: Option) -> str:
+    return opt.type.__name__ if opt.type in (int, float, str, boolean) else "value"
+
+
 def _build_parser(prog: str, options: Sequence[Option]) -> ArgumentParser:
     parser = ArgumentParser(prog=prog, allow_abbrev=False,
                      description="Every option can also be set in the YAML given by --config.")
     parser.add_argument("--config", default="", help="YAML file whose keys set the defaults below")
     for opt in options:
         extra = f" (choices: {', '.join(map(str, opt.choices))})" if opt.choices else ""
-        parser.add_argument(f"--{opt.name}", type=opt.type, default=None, metavar=opt.type.__name__,
+        parser.add_argument(f"--{opt.name}", type=opt.type, default=None, metavar=_metavar(opt),
                             help=f"{opt.help}{extra} [default: {opt.default!r}]")
     return parser
 
@@ -190,6 +199,8 @@ def _coerce(opt: Option, value: Any, where: str) -> Any:
 
 
 def _validate(opt: Option, value: Any, where: str) -> None:
+    if opt.check is not None:
+        opt.check(value)
     if opt.choices is not None and value not in opt.choices:
         raise ConfigError(f"{where}{opt.name}={value!r} is not one of {', '.join(map(str, opt.choices))}")
     if isinstance(value, (int, float)) and not isinstance(value, bool):

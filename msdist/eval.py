@@ -17,7 +17,7 @@ _logger = logging.getLogger("msdist.eval")
 
 # Checkpoints written by msdist.train also hold optimizer state and gradient-compression residuals,
 # which evaluation does not need.
-OPTIMIZER_STATE_PREFIXES = ("moments.", "global_step", "residual.")
+OPTIMIZER_STATE_PREFIXES = ("moments.", "global_step", "residual.", "loss_scale.")
 
 
 def cross_entropy_sum(logits: np.ndarray, labels: np.ndarray) -> float:

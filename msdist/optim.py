@@ -36,12 +36,11 @@ def param_groups(params, weight_decay: float) -> list:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
 
 
-def create_optimizer(params, lrs: np.ndarray, momentum: float, weight_decay: float, loss_scale: float):
+def create_optimizer(params, lrs: np.ndarray, momentum: float, weight_decay: float):
     """SGD with momentum following the per-step schedule `lrs` (position kept in `global_step`).
 
-    The optimizer divides gradients by `loss_scale`, matching a fixed loss scale in the train step.
+    Gradients reach it already unscaled (`engine.ScaledUpdate`), so its own `loss_scale` stays 1.
     """
     import mindspore as ms
     from mindspore import nn
-    return nn.Momentum(param_groups(params, weight_decay), learning_rate=ms.Tensor(lrs), momentum=momentum,
-                       loss_scale=loss_scale)
+    return nn.Momentum(param_groups(params, weight_decay), learning_rate=ms.Tensor(lrs), momentum=momentum)

@@ -99,7 +99,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
     import mindspore as ms
     from mindspore import nn
 
-    from msdist import checkpoint, comm, engine, monitor, optim
+    from msdist import checkpoint, comm, engine, loss_scale, monitor, optim, precision
     from msdist.eval import evaluate_split
 
     log_dir = os.path.join(cfg.output_dir, "logs")
@@ -125,32 +125,36 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
         raise DataError(f"{len(train_split)} training images cannot fill one global batch of {cfg.batch_size}; "
                         "lower --batch_size")
     workers = cfg.num_workers or rt.threads_per_rank
+    amp_level = precision.resolve_amp_level(cfg.amp_level, dist.device_target)
+    precision.warn_if_no_speedup(cfg.amp_level, dist.device_target)
+    scale_plan = precision.loss_scale_plan(cfg.loss_scale, amp_level, cfg.amp_dtype, cfg.grad_compression)
     _logger.info("world size %d (%s, %s) | global batch %d = %d per rank | %d classes | %d train / %d test images"
-                 " | %d steps/epoch (%d left over) | %s | amp %s",
+                 " | %d steps/epoch (%d left over) | %s | amp %s | loss scale %s",
                  dist.world_size, dist.device_target, dist.backend or "standalone", cfg.batch_size, batch,
                  num_classes, len(train_split), len(test_split), steps_per_epoch,
                  len(train_split) - steps_per_epoch * cfg.batch_size, rt.summary(),
-                 cfg.amp_level if cfg.amp_level == "O0" else f"{cfg.amp_level} {cfg.amp_dtype}")
+                 amp_level if amp_level == "O0" else f"{amp_level} {cfg.amp_dtype}", scale_plan.describe())
     if dist.is_main:
         config.save(cfg, os.path.join(cfg.output_dir, "config.yaml"))
 
     net = engine.build_network(cfg.model, num_classes, cfg.zero_init_last_bn, cfg.sync_bn, dist.world_size)
-    net = engine.mixed_precision(net, cfg.amp_level, cfg.amp_dtype)
+    net = engine.mixed_precision(net, amp_level, cfg.amp_dtype)
     base_lr = cfg.lr * dist.world_size if cfg.scale_lr else cfg.lr
     lrs = optim.lr_schedule(cfg.lr_schedule, base_lr, cfg.epochs, steps_per_epoch, cfg.warmup_epochs,
                             cfg.lr_step_size, cfg.lr_gamma, cfg.min_lr)
-    optimizer = optim.create_optimizer(net.trainable_params(), lrs, cfg.momentum, cfg.weight_decay, cfg.loss_scale)
+    optimizer = optim.create_optimizer(net.trainable_params(), lrs, cfg.momentum, cfg.weight_decay)
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     reducer = comm.create_reducer(cfg.grad_compression, optimizer.parameters, dist.world_size,
                                   topk_ratio=cfg.topk_ratio, threshold=cfg.threshold,
-                                  error_feedback=cfg.error_feedback, loss_scale=cfg.loss_scale)
+                                  error_feedback=cfg.error_feedback)
+    scaler = loss_scale.LossScaler(scale_plan, dist.world_size)
     # batch_size stays the global batch of one optimizer step; accumulation splits each rank's share.
     micro_batch = comm.micro_batch_size(batch, cfg.grad_accum_steps)
     if cfg.grad_accum_steps > 1:
-        train_step = comm.AccumulatingTrainStep(net, loss_fn, optimizer, cfg.loss_scale, reducer,
+        train_step = comm.AccumulatingTrainStep(net, loss_fn, optimizer, scaler, reducer,
                                                 cfg.grad_accum_steps)
     else:
-        train_step = engine.TrainStep(net, loss_fn, optimizer, cfg.loss_scale, reducer)
+        train_step = engine.TrainStep(net, loss_fn, optimizer, scaler, reducer)
     _logger.info("gradients: %s | %d micro-batch(es) of %d per rank per optimizer step", cfg.grad_compression,
                  cfg.grad_accum_steps, micro_batch)
     train_step.set_train(True)
@@ -161,7 +165,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
     compile_seconds = time.perf_counter() - compile_start
     _logger.info("train step compiled in %.1f s", compile_seconds)
     saved_params = list(net.get_parameters()) + list(optimizer.moments) + [optimizer.global_step] + \
-        comm.residuals(reducer)  # error-feedback residuals: per-rank state an exact resume needs
+        comm.residuals(reducer) + loss_scale.state_params(scaler)  # per-rank residuals; the loss scale
 
     ckpt_dir = os.path.join(cfg.output_dir, "ckpt")
     prefix = cfg.ckpt_prefix or cfg.model
@@ -185,6 +189,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
                                 bar=monitor.terminal(dist.is_main, launch.kind))
     writer = monitor.open_metrics(dist.is_main, cfg.output_dir, cfg.tensorboard, dist.world_size, start.global_step)
     timer = monitor.StepTimer(images_per_step=cfg.batch_size)
+    poison_step = loss_scale.test_overflow_step(dist.rank)
     global_step, last_saved, metrics = start.global_step, start.global_step, None
     train_start = time.perf_counter()
     for epoch in range(start.epoch, cfg.epochs):
@@ -199,6 +204,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
         timer.restart_clock()
         step = skip
         for images, labels in data.create_tuple_iterator(num_epochs=1):
+            loss_scale.poison_for(scaler, poison_step, global_step + 1)  # test hook; no-op unless asked
             data_s = timer.data_ready()
             loss = float(train_step.train_on(images, labels).asnumpy())
             step_s = timer.step_done()

@@ -145,18 +145,19 @@ def test_accumulation_reduces_only_in_the_once_per_step_apply():
     running `apply_step` per micro-batch would step the optimizer k times, which it does catch.)
     """
     from mindspore import nn
-    from msdist import comm, engine, optim
+    from msdist import comm, engine, loss_scale, optim, precision
 
     class Identity(nn.Cell):
         def construct(self, grads):
             return grads
 
     net = engine.build_network("convnet_tiny", 4, False, False, 1)
-    optimizer = optim.create_optimizer(net.trainable_params(), np.full(4, 0.01, np.float32), 0.9, 0.0, 1024.0)
+    optimizer = optim.create_optimizer(net.trainable_params(), np.full(4, 0.01, np.float32), 0.9, 0.0)
     reducer = Identity()
+    scaler = loss_scale.LossScaler(precision.LossScalePlan(False, 1024.0), 1)
     step = comm.AccumulatingTrainStep(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
-                                      optimizer, 1024.0, reducer, 4)
-    assert [name for name, cell in step.cells_and_names() if cell is reducer] == ["apply_step.reducer"]
+                                      optimizer, scaler, reducer, 4)
+    assert [name for name, cell in step.cells_and_names() if cell is reducer] == ["apply_step.update.reducer"]
 
 
 def test_accumulation_that_does_not_split_the_batch_is_a_one_line_error(data_dir, tmp_path):
