@@ -3,7 +3,8 @@
 `grad_compression` picks the reducer that `create_reducer` builds:
 
 - none: MindSpore's fused float32 all-reduce (`engine.default_reducer`), untouched.
-- fp16: the same fused all-reduce on float16 copies of the gradients, half the bytes.
+- fp16: float16 buckets of the flattened gradients, one `ops.AllReduce` each: 2 bytes per element on
+  the wire (measured: benchmarks/grad_comm.py).
 - topk: each rank sends the `topk_ratio` largest-magnitude elements of every gradient tensor as
   (index, value) pairs through AllGather; every rank scatter-adds all ranks' pairs into a dense
   tensor and divides by the world size (the mean).
@@ -25,7 +26,7 @@ underflow.
 micro-step adds each micro-batch's gradients into buffers, and a compiled apply step reduces them
 (one collective per optimizer step) and updates the weights.
 """
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -36,6 +37,8 @@ from msdist.errors import ConfigError
 
 COMPRESSIONS = ("none", "fp16", "topk", "threshold")
 RESIDUAL_PREFIX = "residual."
+# fp16 exchange: elements per all-reduce bucket (8 MiB of float16); ResNet-50's 25.6M elements make 7.
+FP16_BUCKET_ELEMENTS = 1 << 22
 
 
 def kept_elements(size: int, ratio: float) -> int:
@@ -43,22 +46,20 @@ def kept_elements(size: int, ratio: float) -> int:
     return max(1, min(size, int(size * ratio)))
 
 
-def bytes_sent_per_step(sizes: Sequence[int], compression: str, topk_ratio: float = 1.0) -> int:
-    """Gradient bytes one rank contributes to the collectives of one optimizer step.
+def buckets(sizes: Sequence[int], max_elements: int) -> List[Tuple[int, int]]:
+    """Split tensors (in order) into consecutive [start, end) runs of at most `max_elements` elements.
 
-    Args:
-        sizes: element counts of the trainable parameters.
-        compression: one of COMPRESSIONS.
-        topk_ratio: fraction kept per tensor (topk, threshold: the fixed exchange buffer).
-
-    On a ring, an all-reduce puts 2(N-1)/N times this on each rank's link and an all-gather
-    (N-1) times it; for N = 2 both equal this number.
+    A tensor larger than `max_elements` gets a bucket of its own.
     """
-    if compression == "none":
-        return 4 * sum(sizes)
-    if compression == "fp16":
-        return 2 * sum(sizes)
-    return 8 * sum(kept_elements(n, topk_ratio) for n in sizes)  # an int32 index + a float32 value each
+    runs, start, filled = [], 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and filled + size > max_elements:
+            runs.append((start, i))
+            start, filled = i, 0
+        filled += size
+    if sizes:
+        runs.append((start, len(sizes)))
+    return runs
 
 
 _scaled_cast = ops.MultitypeFuncGraph("scaled_cast")
@@ -69,26 +70,41 @@ def _scale_then_cast(scale, dtype, grad):
     return ops.cast(grad * scale, dtype)
 
 
-class Fp16AllReduce(nn.Cell):
-    """Mean over ranks through MindSpore's fused all-reduce, carried in float16.
+class Fp16BucketAllReduce(nn.Cell):
+    """Mean over ranks carried in float16: gradients flattened into float16 buckets, one AllReduce each.
 
-    Each gradient is divided by the world size before the cast, so the sum cannot leave the float16
-    range when the single gradients fit. The loss scale (applied before this, removed by the
-    optimizer) lifts small gradients above float16's underflow, as in mixed-precision training;
-    scaled gradient elements must stay below 65504.
+    MindSpore's `nn.DistributedGradReducer` casts float16 gradients back to float32 before its
+    all-reduce (mindspore/nn/wrap/grad_reducer.py), so it would send float32. Here each bucket of
+    consecutive gradients (at most `bucket_elements` elements; a larger tensor goes alone) is divided by
+    the world size, cast to float16, concatenated, summed with `ops.AllReduce` and split back, so the
+    wire carries 2 bytes per element. Dividing first keeps the sum in range when the single gradients
+    fit. The gradients arrive loss-scaled (`reduces_scaled`), which lifts small values above float16's
+    underflow; an element that overflows float16 makes the step an overflow step (dynamic loss scale).
     """
 
     reduces_scaled = True  # engine.ScaledUpdate hands over the gradients still loss-scaled
 
-    def __init__(self, params, world_size: int):
+    def __init__(self, params, world_size: int, bucket_elements: int = FP16_BUCKET_ELEMENTS):
         super().__init__(auto_prefix=False)
         self.inv_world = 1.0 / world_size
-        self.all_reduce_sum = nn.DistributedGradReducer(params, mean=False, degree=world_size)
-        self.hyper_map = ops.HyperMap()
+        self.shapes = [tuple(p.shape) for p in params]
+        self.sizes = [int(np.prod(p.shape)) for p in params]
+        self.runs = buckets(self.sizes, bucket_elements)
+        self.all_reduce = ops.AllReduce()
 
     def construct(self, grads):
-        halves = self.hyper_map(ops.partial(_scaled_cast, self.inv_world, ms.float16), grads)
-        return self.hyper_map(ops.partial(_scaled_cast, 1.0, ms.float32), self.all_reduce_sum(halves))
+        reduced = ()
+        for start, end in self.runs:
+            flat = ()
+            for i in range(start, end):
+                flat = flat + (ops.cast(grads[i] * self.inv_world, ms.float16).reshape(-1),)
+            summed = self.all_reduce(ops.concat(flat))
+            offset = 0
+            for i in range(start, end):
+                part = summed[offset:offset + self.sizes[i]]
+                reduced = reduced + (ops.cast(part, ms.float32).reshape(self.shapes[i]),)
+                offset = offset + self.sizes[i]
+        return reduced
 
 
 class _SparseTensorExchange(nn.Cell):
@@ -175,7 +191,7 @@ def create_reducer(compression: str, params, world_size: int, *, topk_ratio: flo
     if compression == "none":
         return default_reducer(params, world_size)
     if compression == "fp16":
-        return Fp16AllReduce(params, world_size)
+        return Fp16BucketAllReduce(params, world_size)
     cutoff = threshold if compression == "threshold" else None
     return SparseAllGather(params, world_size, topk_ratio, cutoff, error_feedback)
 

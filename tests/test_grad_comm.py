@@ -167,14 +167,11 @@ def test_accumulation_that_does_not_split_the_batch_is_a_one_line_error(data_dir
     assert "msdist: error: the per-rank batch 16 does not split into grad_accum_steps 3" in proc.stderr
 
 
-def test_bytes_sent_per_step():
-    from msdist.comm import bytes_sent_per_step, kept_elements
-    sizes = [1000, 10, 1]
-    assert bytes_sent_per_step(sizes, "none") == 4 * 1011
-    assert bytes_sent_per_step(sizes, "fp16") == 2 * 1011
-    assert [kept_elements(n, 0.01) for n in sizes] == [10, 1, 1]  # at least one element per tensor
-    assert bytes_sent_per_step(sizes, "topk", 0.01) == 8 * 12
-    assert bytes_sent_per_step(sizes, "threshold", 1.0) == 8 * 1011
+def test_fp16_buckets_split_in_order_and_never_exceed_the_size():
+    from msdist.comm import buckets, kept_elements
+    assert buckets([3, 3, 3, 10, 1], 6) == [(0, 2), (2, 3), (3, 4), (4, 5)]  # the 10 goes alone
+    assert buckets([1, 2, 3], 100) == [(0, 3)] and buckets([], 4) == []
+    assert [kept_elements(n, 0.01) for n in (1000, 10, 1)] == [10, 1, 1]  # at least one element per tensor
 
 
 def test_convnet_tiny_has_no_batchnorm():
