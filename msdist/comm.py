@@ -6,8 +6,9 @@
 - fp16: float16 buckets of the flattened gradients, one `ops.AllReduce` each: 2 bytes per element on
   the wire (measured: benchmarks/grad_comm.py).
 - topk: each rank sends the `topk_ratio` largest-magnitude elements of every gradient tensor as
-  (index, value) pairs through AllGather; every rank scatter-adds all ranks' pairs into a dense
-  tensor and divides by the world size (the mean).
+  (index, value) pairs through AllGather; every rank scatter-adds the ranks' pairs into a dense
+  tensor, one rank's chunk after the other (a fixed order of additions, so replicas stay
+  bit-identical), and divides by the world size (the mean).
 - threshold: like topk, but only elements whose magnitude exceeds `threshold` are sent. Graph mode
   needs static shapes, so the exchange buffer keeps its topk size: the top-K candidates below the
   threshold travel as zeros (padding) and stay in the residual.
@@ -114,6 +115,7 @@ class _SparseTensorExchange(nn.Cell):
                  error_feedback: bool):
         super().__init__(auto_prefix=False)
         self.keep = keep
+        self.world_size = world_size
         self.inv_world = 1.0 / world_size
         self.threshold = threshold
         self.top_k = ops.TopK(sorted=False)
@@ -123,6 +125,19 @@ class _SparseTensorExchange(nn.Cell):
             self.residual = Parameter(Tensor(np.zeros(param.shape, np.float32)), name=RESIDUAL_PREFIX + param.name,
                                       requires_grad=False)
 
+    def _combine(self, dense, index, values):
+        """Add every rank's (index, value) pairs into `dense`, one rank after the other, then take the mean.
+
+        Ranks often pick the same index. One scatter over all ranks' pairs would add colliding values
+        in whatever order the kernel runs them (GPU tensor_scatter_add uses atomics), so replicas
+        could round differently and drift apart. Within one rank's chunk the top-K indices are
+        distinct, so each scatter touches every element at most once, and the sum's order is the rank
+        order on every rank.
+        """
+        for r in range(self.world_size):
+            dense = ops.tensor_scatter_add(dense, index[r], values[r])
+        return dense * self.inv_world
+
     def construct(self, grad, skip=None):
         flat = grad.reshape(-1)
         if self.residual is not None:
@@ -131,8 +146,8 @@ class _SparseTensorExchange(nn.Cell):
         values = ops.gather(flat, index, 0)
         if self.threshold is not None:
             values = ops.select(ops.abs(values) > self.threshold, values, ops.zeros_like(values))
-        all_index = self.all_gather(index).reshape(-1, 1)
-        dense = ops.tensor_scatter_add(ops.zeros_like(flat), all_index, self.all_gather(values)) * self.inv_world
+        dense = self._combine(ops.zeros_like(flat), self.all_gather(index).reshape(self.world_size, -1, 1),
+                              self.all_gather(values).reshape(self.world_size, -1))
         if self.residual is not None:
             sent = ops.tensor_scatter_update(ops.zeros_like(flat), index.reshape(-1, 1), values)
             kept = flat - sent

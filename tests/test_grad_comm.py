@@ -118,6 +118,16 @@ def test_residuals_are_rank_local_state_in_every_checkpoint(runs):
     assert not any(n.startswith("residual.") for n in _final(runs, "topk_no_ef"))
 
 
+def test_sparse_replicas_stay_bit_identical(runs):
+    """topk and threshold add the ranks' chunks in rank order (no order-dependent collisions), so after
+    40 and 12 steps both ranks hold the same weights, momenta and counters bit for bit. (On CPU the
+    scatter is sequential anyway; on GPU the one-scatter version added colliding indices with atomics.)"""
+    for name in ("topk_ef", "threshold"):
+        ranks = [_model_params(_final(runs, name, r, include_state=True)) for r in (0, 1)]
+        different = [n for n in ranks[0] if not np.array_equal(ranks[0][n], ranks[1][n])]
+        assert not different, f"{name}: replicas differ in {different[:5]}"
+
+
 def test_threshold_trains_on_two_ranks_and_keeps_the_rest(runs):
     params = _final(runs, "threshold")
     residual = [v for n, v in params.items() if n.startswith("residual.")]
