@@ -125,3 +125,26 @@ def default_reducer(params, world_size: int):
     if world_size == 1:
         return None
     return nn.DistributedGradReducer(params, mean=True, degree=world_size)
+
+
+class LossAccumulator:
+    """Step losses summed on the device, read to the host only when asked (at log steps).
+
+    Reading a device value waits for every step queued before it, so reading each step's loss would
+    make the host wait for the device every step instead of queueing the next one.
+    """
+
+    def __init__(self):
+        self._sum = None
+        self._steps = 0
+
+    def add(self, loss) -> None:
+        """Add one step's loss (a device Tensor); no host sync."""
+        self._sum = loss if self._sum is None else self._sum + loss
+        self._steps += 1
+
+    def read(self) -> float:
+        """Mean of the losses added since the last read; blocks until they are computed."""
+        mean = float(self._sum.asnumpy()) / self._steps
+        self._sum, self._steps = None, 0
+        return mean

@@ -190,6 +190,7 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
     writer = monitor.open_metrics(dist.is_main, cfg.output_dir, cfg.tensorboard, dist.world_size, start.global_step)
     timer = monitor.StepTimer(images_per_step=cfg.batch_size)
     poison_step = loss_scale.test_overflow_step(dist.rank)
+    losses = engine.LossAccumulator()
     global_step, last_saved, metrics = start.global_step, start.global_step, None
     train_start = time.perf_counter()
     for epoch in range(start.epoch, cfg.epochs):
@@ -206,12 +207,15 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
         for images, labels in data.create_tuple_iterator(num_epochs=1):
             loss_scale.poison_for(scaler, poison_step, global_step + 1)  # test hook; no-op unless asked
             data_s = timer.data_ready()
-            loss = float(train_step.train_on(images, labels).asnumpy())
-            step_s = timer.step_done()
+            losses.add(train_step.train_on(images, labels))
             step += 1
             global_step += 1
-            if progress.is_log_step(step, global_step):
-                loss = float(collectives.sum([loss])[0]) / dist.world_size
+            loss = None
+            if progress.is_log_step(step, global_step):  # the only host sync: it waits for the queued steps
+                loss = float(collectives.sum([losses.read()])[0]) / dist.world_size
+            step_s = timer.step_done()
+            if loss is not None:
+                step_s, data_s = timer.take_window()
             record = progress.step(step, global_step, loss, float(lrs[global_step - 1]), step_s, data_s)
             if writer is not None and record is not None:
                 writer.write(record)
