@@ -13,7 +13,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import yaml
 
@@ -30,6 +30,23 @@ def boolean(text: str) -> bool:
     if low in ("false", "0", "no", "off"):
         return False
     raise ValueError(f"expected true or false, got {text!r}")
+
+
+def fusion_split(text: str) -> List[int]:
+    """`--allreduce_fusion` as parameter indices: "85,160" -> [85, 160]; "" -> [] (one fused group).
+
+    Raises:
+        ConfigError: not comma-separated, strictly increasing integers >= 1.
+    """
+    parts = [p.strip() for p in str(text).strip().strip("[]").split(",") if p.strip()]
+    try:
+        indices = [int(p) for p in parts]
+    except ValueError:
+        indices = [0]
+    if any(i < 1 for i in indices) or any(a >= b for a, b in zip(indices, indices[1:])):
+        raise ConfigError(f"--allreduce_fusion {text!r} must be strictly increasing parameter indices >= 1, "
+                          "e.g. 85,160 (ResNet-50), or empty for one fused group")
+    return indices
 
 
 @dataclass(frozen=True)
@@ -95,6 +112,9 @@ TRAIN_OPTIONS = [
          "residual) exceeds this", above=0),
     _opt("error_feedback", boolean, True, "topk/threshold: add what was not sent to the next step's gradient "
          "(a per-parameter residual, saved in checkpoints); false only for experiments"),
+    _opt("allreduce_fusion", str, "", "split MindSpore's fused gradient all-reduce after these parameter "
+         "indices (all_reduce_fusion_config), e.g. 85,160 for ResNet-50 as MindSpore's model zoo does on GPU, so "
+         "the first group is reduced while backward still runs; empty = one fused group", check=fusion_split),
     _opt("grad_accum_steps", int, 1, "micro-batches per optimizer step; batch_size stays the global batch of "
          "one optimizer step, each rank runs it as this many micro-batches", min=1),
     # runtime

@@ -32,9 +32,10 @@ def main(argv=None) -> int:
         # max_steps does not shape the graph: a resume that trains further must find the cache warm.
         graph_options = [o for o in config.TRAIN_OPTIONS if o.name != "max_steps"]
         cache = runtime.compile_cache_dir(cfg.output_dir, config.config_hash(cfg, graph_options), launch.world_size,
-                                          cfg.num_classes or len(pipeline.class_map(cfg.data_dir)))
+                                          cfg.num_classes or len(pipeline.class_map(cfg.data_dir)), cfg.device_target)
     rt = runtime.prepare(cfg.verbose, cfg.cpu_isa, launch.local_world_size, local_rank=launch.local_rank,
-                         rank=launch.rank, bind_cores=cfg.bind_cores, compile_cache=cache)
+                         rank=launch.rank, bind_cores=cfg.bind_cores, compile_cache=cache,
+                         device_target=cfg.device_target)
     return runtime.exit_without_teardown(train(cfg, launch, rt))
 
 
@@ -144,6 +145,8 @@ def train(cfg, launch: distributed.LaunchEnv, rt: runtime.RuntimeInfo) -> int:
                             cfg.lr_step_size, cfg.lr_gamma, cfg.min_lr)
     optimizer = optim.create_optimizer(net.trainable_params(), lrs, cfg.momentum, cfg.weight_decay)
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    engine.split_allreduce_fusion(config.fusion_split(cfg.allreduce_fusion), len(optimizer.parameters),
+                                  dist.world_size)
     reducer = comm.create_reducer(cfg.grad_compression, optimizer.parameters, dist.world_size,
                                   topk_ratio=cfg.topk_ratio, threshold=cfg.threshold,
                                   error_feedback=cfg.error_feedback)

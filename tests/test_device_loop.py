@@ -44,3 +44,57 @@ def test_window_compute_time_includes_the_blocking_read():
     compute, data = timer.take_window()
     assert compute >= 0.2 / 4 and data < 0.05
     assert timer.take_window() == (0.0, 0.0)
+
+
+def test_gpu_config_is_the_8_gpu_recipe():
+    import os
+    from conftest import REPO
+    from msdist import config
+
+    cfg = config.parse(["--config", os.path.join(REPO, "configs", "resnet50_fruits360_gpu.yaml")])
+    assert 64 <= cfg.batch_size // 8 <= 128 and cfg.batch_size % 8 == 0  # per GPU on 8 GPUs
+    assert cfg.scale_lr and cfg.warmup_epochs > 0 and cfg.amp_level == "auto" and cfg.loss_scale == "auto"
+    assert config.fusion_split(cfg.allreduce_fusion) == [85, 160]
+
+
+def test_allreduce_fusion_is_validated(monkeypatch):
+    import pytest
+    from msdist import config, engine
+    from msdist.errors import ConfigError
+
+    for bad in ("160,85", "a,b", "0,3"):
+        with pytest.raises(ConfigError, match="strictly increasing parameter indices"):
+            config.parse(["--allreduce_fusion", bad])
+    with pytest.raises(ConfigError, match="it has 62"):  # e.g. [85, 160] on a ResNet-18
+        engine.split_allreduce_fusion([85, 160], num_params=62, world_size=2)
+    import mindspore as ms
+    engine.split_allreduce_fusion([85, 160], num_params=161, world_size=2)
+    try:
+        assert ms.get_auto_parallel_context("all_reduce_fusion_config") == [85, 160]
+    finally:
+        ms.reset_auto_parallel_context()
+
+
+# ---------------------------------------------------------------- GPU runs skip the CPU-only set-up
+
+def test_gpu_runs_never_probe_the_cpu_isa(monkeypatch):
+    from msdist import isa_probe, runtime
+
+    assert not runtime.needs_cpu_isa("GPU") and runtime.needs_cpu_isa("CPU") and runtime.needs_cpu_isa("auto")
+    for name in ("GLOG_v", "GLOG_minloglevel", "OMP_NUM_THREADS"):  # prepare() sets them: restore afterwards
+        monkeypatch.setenv(name, "")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+
+    def no_probe(*_args):
+        raise AssertionError("the oneDNN ISA was probed for a GPU run")
+    monkeypatch.setattr(isa_probe, "best_isa", no_probe)
+    rt = runtime.prepare(cpu_isa="auto", device_target="GPU")
+    assert (rt.cpu_isa, rt.isa_source) == ("default", "not used on GPU")
+    assert "ONEDNN_MAX_CPU_ISA" not in __import__("os").environ
+
+
+def test_compile_cache_key_includes_the_device_target(tmp_path):
+    from msdist import runtime
+
+    keys = {runtime.compile_cache_dir(str(tmp_path), "cfg", 2, 4, device) for device in ("CPU", "GPU", "auto")}
+    assert len(keys) == 3
