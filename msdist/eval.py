@@ -69,7 +69,7 @@ def main(argv=None) -> int:
         raise ConfigError("--ckpt is required: the checkpoint to evaluate")
     launch = distributed.detect_launch()
     rt = runtime.prepare(cfg.verbose, cfg.cpu_isa, launch.local_world_size, local_rank=launch.local_rank,
-                         rank=launch.rank, bind_cores=cfg.bind_cores)
+                         rank=launch.rank, bind_cores=cfg.bind_cores, device_target=cfg.device_target)
     from msdist import checkpoint, engine, monitor
     from msdist.data import check as data_check
     from msdist.data import pipeline
