@@ -41,7 +41,7 @@ RUNS = {
     "exact_accum_2": EXACT + ("--grad_accum_steps", 2),
 }
 # max |fp16 - fp32| of each tensor over that tensor's max |value|, after 12 steps: about one float16
-# rounding step (2^-10 = 9.8e-4); measured 3.8e-4.
+# rounding step (2^-10 = 9.8e-4); measured 2.0e-4 (float16 buckets).
 FP16_TOLERANCE = 1e-3
 ACCUM_TOLERANCE = 1e-6  # float32 summation order only; measured 3e-8
 
@@ -120,10 +120,12 @@ def test_residuals_are_rank_local_state_in_every_checkpoint(runs):
 
 def test_sparse_replicas_stay_bit_identical(runs):
     """topk and threshold add the ranks' chunks in rank order (no order-dependent collisions), so after
-    40 and 12 steps both ranks hold the same weights, momenta and counters bit for bit. (On CPU the
-    scatter is sequential anyway; on GPU the one-scatter version added colliding indices with atomics.)"""
+    40 and 12 steps both ranks hold the same weights, momenta and counters bit for bit (BatchNorm's
+    running statistics are per rank by design). On CPU the scatter is sequential anyway; on GPU the
+    one-scatter version added colliding indices with atomics."""
     for name in ("topk_ef", "threshold"):
-        ranks = [_model_params(_final(runs, name, r, include_state=True)) for r in (0, 1)]
+        ranks = [{n: v for n, v in _model_params(_final(runs, name, r, include_state=True)).items()
+                  if "moving_" not in n} for r in (0, 1)]
         different = [n for n in ranks[0] if not np.array_equal(ranks[0][n], ranks[1][n])]
         assert not different, f"{name}: replicas differ in {different[:5]}"
 
