@@ -147,6 +147,11 @@ def default_reducer(params, world_size: int):
     return nn.DistributedGradReducer(params, mean=True, degree=world_size)
 
 
+class _Add(nn.Cell):
+    def construct(self, a, b):
+        return a + b
+
+
 class LossAccumulator:
     """Step losses summed on the device, read to the host only when asked (at log steps).
 
@@ -157,10 +162,11 @@ class LossAccumulator:
     def __init__(self):
         self._sum = None
         self._steps = 0
+        self._add = _Add()  # a compiled graph: launched like the train step, without an eager-mode op
 
     def add(self, loss) -> None:
         """Add one step's loss (a device Tensor); no host sync."""
-        self._sum = loss if self._sum is None else self._sum + loss
+        self._sum = loss if self._sum is None else self._add(self._sum, loss)
         self._steps += 1
 
     def read(self) -> float:
