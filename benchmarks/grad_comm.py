@@ -75,10 +75,10 @@ def print_table(rows: list, args, isolated: bool, data_dir: str) -> None:
     print("| model | option | MB sent per rank per step (measured) | vs none | step time | img/s |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        base = next(b for b in rows if b["model"] == r["model"] and b["option"] == "none")
-        print(f"| {r['model']} | {r['option']} | {r['bytes_per_step'] / 1e6:.2f} | "
-              f"{r['bytes_per_step'] / base['bytes_per_step']:.3f}x | {1000 * r['step_seconds']:.0f} ms | "
-              f"{r['images_per_sec']:.1f} |")
+        base = [b["bytes_per_step"] for b in rows if b["model"] == r["model"] and b["option"] == "none"]
+        ratio = f"{r['bytes_per_step'] / base[0]:.3f}x" if base else "-"
+        print(f"| {r['model']} | {r['option']} | {r['bytes_per_step'] / 1e6:.2f} | {ratio} | "
+              f"{1000 * r['step_seconds']:.0f} ms | {r['images_per_sec']:.1f} |")
     print(json.dumps(rows))
 
 

@@ -63,7 +63,7 @@ def _final(root, name, rank=0, include_state=False) -> dict:
 
 
 def _model_params(params: dict) -> dict:
-    return {n: v for n, v in params.items() if not n.startswith("residual.")}
+    return {n: v for n, v in params.items() if not n.startswith(("residual.", "loss_scale."))}
 
 
 def _result(root, name) -> dict:
