@@ -13,7 +13,7 @@ STEP infinite (its backward seed is multiplied by inf), to prove that an overflo
 skipped by all. It is read once, at build time, and touches nothing when unset.
 """
 import os
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, TextIO, Tuple
+from typing import Optional, TextIO, Tuple
 
 from msdist.errors import ConfigError
 
