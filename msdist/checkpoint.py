@@ -36,7 +36,7 @@ STATE_KEYS = ("epoch", "step", "global_step", "config_hash")
 # and step counter, gradient-compression residuals (msdist.comm), the EMA of the weights (msdist.ema).
 # `Saver` refuses to save state outside these, so evaluation, prediction and export (`load_weights`)
 # always know which part is the model.
-TRAINING_STATE_PREFIXES = ("moments.", "global_step", "residual.", "ema.")
+TRAINING_STATE_PREFIXES = ("moments.", "global_step", "residual.", "loss_scale.", "ema.")
 # Inside the .ckpt the state is stored under prefixed names: the optimizer's own `global_step`
 # Parameter is saved too, and a bare `global_step` entry would overwrite it.
 _STATE_PREFIX = "msdist_state."

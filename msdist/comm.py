@@ -3,10 +3,12 @@
 `grad_compression` picks the reducer that `create_reducer` builds:
 
 - none: MindSpore's fused float32 all-reduce (`engine.default_reducer`), untouched.
-- fp16: the same fused all-reduce on float16 copies of the gradients, half the bytes.
+- fp16: float16 buckets of the flattened gradients, one `ops.AllReduce` each: 2 bytes per element on
+  the wire (measured: benchmarks/grad_comm.py).
 - topk: each rank sends the `topk_ratio` largest-magnitude elements of every gradient tensor as
-  (index, value) pairs through AllGather; every rank scatter-adds all ranks' pairs into a dense
-  tensor and divides by the world size (the mean).
+  (index, value) pairs through AllGather; every rank scatter-adds the ranks' pairs into a dense
+  tensor, one rank's chunk after the other (a fixed order of additions, so replicas stay
+  bit-identical), and divides by the world size (the mean).
 - threshold: like topk, but only elements whose magnitude exceeds `threshold` are sent. Graph mode
   needs static shapes, so the exchange buffer keeps its topk size: the top-K candidates below the
   threshold travel as zeros (padding) and stay in the residual.
@@ -16,24 +18,28 @@ not send this step is added to its next gradient (Seide et al. 2014; Lin et al. 
 Gradient Compression"). Residuals are rank-local state, saved in each rank's checkpoint as
 `residual.<parameter name>` so a resumed run continues exactly.
 
-Gradients reach the reducer multiplied by the fixed loss scale (the optimizer divides it out), so
-the threshold is compared in scaled units and the residual is kept in scaled units too.
+The train step (`engine.ScaledUpdate`) divides the loss scale out before the reducer, so thresholds
+and residuals are in plain gradient units whatever the (dynamic) scale does; only the float16
+exchange gets the gradients still scaled (`reduces_scaled`), which keeps small values above float16's
+underflow.
 
 `AccumulatingTrainStep` runs `grad_accum_steps` micro-batches per optimizer step: a compiled
 micro-step adds each micro-batch's gradients into buffers, and a compiled apply step reduces them
 (one collective per optimizer step) and updates the weights.
 """
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
-from msdist.engine import default_reducer
+from msdist.engine import ScaledUpdate, default_reducer
 from msdist.errors import ConfigError
 
 COMPRESSIONS = ("none", "fp16", "topk", "threshold")
 RESIDUAL_PREFIX = "residual."
+# fp16 exchange: elements per all-reduce bucket (8 MiB of float16); ResNet-50's 25.6M elements make 7.
+FP16_BUCKET_ELEMENTS = 1 << 22
 
 
 def kept_elements(size: int, ratio: float) -> int:
@@ -41,22 +47,20 @@ def kept_elements(size: int, ratio: float) -> int:
     return max(1, min(size, int(size * ratio)))
 
 
-def bytes_sent_per_step(sizes: Sequence[int], compression: str, topk_ratio: float = 1.0) -> int:
-    """Gradient bytes one rank contributes to the collectives of one optimizer step.
+def buckets(sizes: Sequence[int], max_elements: int) -> List[Tuple[int, int]]:
+    """Split tensors (in order) into consecutive [start, end) runs of at most `max_elements` elements.
 
-    Args:
-        sizes: element counts of the trainable parameters.
-        compression: one of COMPRESSIONS.
-        topk_ratio: fraction kept per tensor (topk, threshold: the fixed exchange buffer).
-
-    On a ring, an all-reduce puts 2(N-1)/N times this on each rank's link and an all-gather
-    (N-1) times it; for N = 2 both equal this number.
+    A tensor larger than `max_elements` gets a bucket of its own.
     """
-    if compression == "none":
-        return 4 * sum(sizes)
-    if compression == "fp16":
-        return 2 * sum(sizes)
-    return 8 * sum(kept_elements(n, topk_ratio) for n in sizes)  # an int32 index + a float32 value each
+    runs, start, filled = [], 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and filled + size > max_elements:
+            runs.append((start, i))
+            start, filled = i, 0
+        filled += size
+    if sizes:
+        runs.append((start, len(sizes)))
+    return runs
 
 
 _scaled_cast = ops.MultitypeFuncGraph("scaled_cast")
@@ -67,24 +71,41 @@ def _scale_then_cast(scale, dtype, grad):
     return ops.cast(grad * scale, dtype)
 
 
-class Fp16AllReduce(nn.Cell):
-    """Mean over ranks through MindSpore's fused all-reduce, carried in float16.
+class Fp16BucketAllReduce(nn.Cell):
+    """Mean over ranks carried in float16: gradients flattened into float16 buckets, one AllReduce each.
 
-    Each gradient is divided by the world size before the cast, so the sum cannot leave the float16
-    range when the single gradients fit. The loss scale (applied before this, removed by the
-    optimizer) lifts small gradients above float16's underflow, as in mixed-precision training;
-    scaled gradient elements must stay below 65504.
+    MindSpore's `nn.DistributedGradReducer` casts float16 gradients back to float32 before its
+    all-reduce (mindspore/nn/wrap/grad_reducer.py), so it would send float32. Here each bucket of
+    consecutive gradients (at most `bucket_elements` elements; a larger tensor goes alone) is divided by
+    the world size, cast to float16, concatenated, summed with `ops.AllReduce` and split back, so the
+    wire carries 2 bytes per element. Dividing first keeps the sum in range when the single gradients
+    fit. The gradients arrive loss-scaled (`reduces_scaled`), which lifts small values above float16's
+    underflow; an element that overflows float16 makes the step an overflow step (dynamic loss scale).
     """
 
-    def __init__(self, params, world_size: int):
+    reduces_scaled = True  # engine.ScaledUpdate hands over the gradients still loss-scaled
+
+    def __init__(self, params, world_size: int, bucket_elements: int = FP16_BUCKET_ELEMENTS):
         super().__init__(auto_prefix=False)
         self.inv_world = 1.0 / world_size
-        self.all_reduce_sum = nn.DistributedGradReducer(params, mean=False, degree=world_size)
-        self.hyper_map = ops.HyperMap()
+        self.shapes = [tuple(p.shape) for p in params]
+        self.sizes = [int(np.prod(p.shape)) for p in params]
+        self.runs = buckets(self.sizes, bucket_elements)
+        self.all_reduce = ops.AllReduce()
 
     def construct(self, grads):
-        halves = self.hyper_map(ops.partial(_scaled_cast, self.inv_world, ms.float16), grads)
-        return self.hyper_map(ops.partial(_scaled_cast, 1.0, ms.float32), self.all_reduce_sum(halves))
+        reduced = ()
+        for start, end in self.runs:
+            flat = ()
+            for i in range(start, end):
+                flat = flat + (ops.cast(grads[i] * self.inv_world, ms.float16).reshape(-1),)
+            summed = self.all_reduce(ops.concat(flat))
+            offset = 0
+            for i in range(start, end):
+                part = summed[offset:offset + self.sizes[i]]
+                reduced = reduced + (ops.cast(part, ms.float32).reshape(self.shapes[i]),)
+                offset = offset + self.sizes[i]
+        return reduced
 
 
 class _SparseTensorExchange(nn.Cell):
@@ -94,6 +115,7 @@ class _SparseTensorExchange(nn.Cell):
                  error_feedback: bool):
         super().__init__(auto_prefix=False)
         self.keep = keep
+        self.world_size = world_size
         self.inv_world = 1.0 / world_size
         self.threshold = threshold
         self.top_k = ops.TopK(sorted=False)
@@ -103,7 +125,20 @@ class _SparseTensorExchange(nn.Cell):
             self.residual = Parameter(Tensor(np.zeros(param.shape, np.float32)), name=RESIDUAL_PREFIX + param.name,
                                       requires_grad=False)
 
-    def construct(self, grad):
+    def _combine(self, dense, index, values):
+        """Add every rank's (index, value) pairs into `dense`, one rank after the other, then take the mean.
+
+        Ranks often pick the same index. One scatter over all ranks' pairs would add colliding values
+        in whatever order the kernel runs them (GPU tensor_scatter_add uses atomics), so replicas
+        could round differently and drift apart. Within one rank's chunk the top-K indices are
+        distinct, so each scatter touches every element at most once, and the sum's order is the rank
+        order on every rank.
+        """
+        for r in range(self.world_size):
+            dense = ops.tensor_scatter_add(dense, index[r], values[r])
+        return dense * self.inv_world
+
+    def construct(self, grad, skip=None):
         flat = grad.reshape(-1)
         if self.residual is not None:
             flat = flat + self.residual.reshape(-1)
@@ -111,11 +146,14 @@ class _SparseTensorExchange(nn.Cell):
         values = ops.gather(flat, index, 0)
         if self.threshold is not None:
             values = ops.select(ops.abs(values) > self.threshold, values, ops.zeros_like(values))
-        all_index = self.all_gather(index).reshape(-1, 1)
-        dense = ops.tensor_scatter_add(ops.zeros_like(flat), all_index, self.all_gather(values)) * self.inv_world
+        dense = self._combine(ops.zeros_like(flat), self.all_gather(index).reshape(self.world_size, -1, 1),
+                              self.all_gather(values).reshape(self.world_size, -1))
         if self.residual is not None:
             sent = ops.tensor_scatter_update(ops.zeros_like(flat), index.reshape(-1, 1), values)
-            dense = ops.depend(dense, ops.assign(self.residual, (flat - sent).reshape(grad.shape)))
+            kept = flat - sent
+            if skip is not None:  # a skipped (overflow) step leaves the residual as it was
+                kept = ops.select(ops.broadcast_to(skip, kept.shape), self.residual.reshape(-1), kept)
+            dense = ops.depend(dense, ops.assign(self.residual, kept.reshape(grad.shape)))
         return dense.reshape(grad.shape)
 
 
@@ -126,7 +164,7 @@ class SparseAllGather(nn.Cell):
         params: the trainable parameters, in gradient order.
         world_size: number of ranks.
         topk_ratio: fraction of each tensor's elements sent (the exchange buffer size).
-        threshold: scaled magnitude an element must exceed to be sent; None sends the top-K as is.
+        threshold: magnitude an element must exceed to be sent; None sends the top-K as is.
         error_feedback: keep per-parameter residuals of what was not sent.
     """
 
@@ -137,10 +175,12 @@ class SparseAllGather(nn.Cell):
             _SparseTensorExchange(p, kept_elements(int(np.prod(p.shape)), topk_ratio), world_size, threshold,
                                   error_feedback) for p in params], auto_prefix=False)
 
-    def construct(self, grads):
+    guards_state = True  # engine.ScaledUpdate passes the skip flag: residuals stay put on a skipped step
+
+    def construct(self, grads, skip=None):
         reduced = ()
         for i in range(len(self.exchanges)):
-            reduced = reduced + (self.exchanges[i](grads[i]),)
+            reduced = reduced + (self.exchanges[i](grads[i], skip),)
         return reduced
 
     def residuals(self) -> List[Parameter]:
@@ -148,7 +188,7 @@ class SparseAllGather(nn.Cell):
 
 
 def create_reducer(compression: str, params, world_size: int, *, topk_ratio: float = 0.01,
-                   threshold: float = 1e-3, error_feedback: bool = True, loss_scale: float = 1.0):
+                   threshold: float = 1e-3, error_feedback: bool = True):
     """The cell that turns each rank's gradients into their cross-rank mean; None on one rank.
 
     Args:
@@ -156,9 +196,8 @@ def create_reducer(compression: str, params, world_size: int, *, topk_ratio: flo
         params: the optimizer's parameters, in gradient order.
         world_size: number of ranks.
         topk_ratio: topk/threshold: fraction of each tensor sent.
-        threshold: threshold: unscaled gradient magnitude to exceed.
+        threshold: threshold: gradient magnitude to exceed.
         error_feedback: topk/threshold: keep residuals of what was not sent.
-        loss_scale: the fixed loss scale the gradients carry.
     """
     if compression not in COMPRESSIONS:
         raise ConfigError(f"grad_compression {compression!r} is not one of {', '.join(COMPRESSIONS)}")
@@ -167,8 +206,8 @@ def create_reducer(compression: str, params, world_size: int, *, topk_ratio: flo
     if compression == "none":
         return default_reducer(params, world_size)
     if compression == "fp16":
-        return Fp16AllReduce(params, world_size)
-    cutoff = threshold * loss_scale if compression == "threshold" else None
+        return Fp16BucketAllReduce(params, world_size)
+    cutoff = threshold if compression == "threshold" else None
     return SparseAllGather(params, world_size, topk_ratio, cutoff, error_feedback)
 
 
@@ -180,19 +219,16 @@ def residuals(reducer) -> List[Parameter]:
 class _ApplyAccumulated(nn.Cell):
     """Average the accumulated gradients, reduce them over ranks once, step the optimizer, clear."""
 
-    def __init__(self, accumulated: ParameterTuple, optimizer, reducer, accum_steps: int):
+    def __init__(self, accumulated: ParameterTuple, update, accum_steps: int):
         super().__init__(auto_prefix=False)
         self.accumulated = accumulated
-        self.optimizer = optimizer
-        self.reducer = reducer
+        self.update = update
         self.inv_steps = 1.0 / accum_steps
         self.hyper_map = ops.HyperMap()
 
     def construct(self):
         grads = self.hyper_map(ops.partial(_scaled_cast, self.inv_steps, ms.float32), self.accumulated)
-        if self.reducer is not None:
-            grads = self.reducer(grads)
-        done = self.optimizer(grads)
+        done = self.update(grads)
         # Auto-monad keeps side effects in program order: the buffers are read above, cleared here.
         return ops.depend(done, self.hyper_map(_clear, self.accumulated))
 
@@ -215,28 +251,27 @@ class AccumulatingTrainStep(nn.Cell):
     Args:
         net: the model.
         loss_fn: loss cell (logits, labels) -> scalar mean over the micro-batch.
-        optimizer: its `loss_scale` must equal `loss_scale` here.
-        loss_scale: the fixed scale the loss is multiplied by before backward.
+        optimizer: with `loss_scale` 1 (`optim.create_optimizer`).
+        scaler: `loss_scale.LossScaler`; a dynamic scale changes only in the apply step.
         reducer: from `create_reducer`; None on a single rank.
         accum_steps: micro-batches per optimizer step.
     """
 
-    def __init__(self, net, loss_fn, optimizer, loss_scale: float, reducer, accum_steps: int):
+    def __init__(self, net, loss_fn, optimizer, scaler, reducer, accum_steps: int):
         super().__init__(auto_prefix=False)
         self.net_with_loss = nn.WithLossCell(net, loss_fn)
         self.weights = optimizer.parameters
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
-        self.loss_scale = loss_scale
+        self.scaler = scaler
         self.accum_steps = accum_steps
         self.accumulated = ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"accum.{p.name}",
                                                      requires_grad=False) for p in self.weights])
         self.hyper_map = ops.HyperMap()
-        self.apply_step = _ApplyAccumulated(self.accumulated, optimizer, reducer, accum_steps)
+        self.apply_step = _ApplyAccumulated(self.accumulated, ScaledUpdate(optimizer, reducer, scaler), accum_steps)
 
     def construct(self, images, labels):
         loss = self.net_with_loss(images, labels)
-        sens = ops.fill(loss.dtype, loss.shape, self.loss_scale)
-        grads = self.grad(self.net_with_loss, self.weights)(images, labels, sens)
+        grads = self.grad(self.net_with_loss, self.weights)(images, labels, self.scaler.sens(loss))
         return ops.depend(loss, self.hyper_map(ops.assign_add, self.accumulated, grads))
 
     def compile(self, images, labels):

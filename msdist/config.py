@@ -13,10 +13,11 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import yaml
 
+from msdist import precision
 from msdist.errors import ConfigError, first_line
 from msdist.runtime import CPU_ISA_CHOICES
 
@@ -31,6 +32,23 @@ def boolean(text: str) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
+def fusion_split(text: str) -> List[int]:
+    """`--allreduce_fusion` as parameter indices: "85,160" -> [85, 160]; "" -> [] (one fused group).
+
+    Raises:
+        ConfigError: not comma-separated, strictly increasing integers >= 1.
+    """
+    parts = [p.strip() for p in str(text).strip().strip("[]").split(",") if p.strip()]
+    try:
+        indices = [int(p) for p in parts]
+    except ValueError:
+        indices = [0]
+    if any(i < 1 for i in indices) or any(a >= b for a, b in zip(indices, indices[1:])):
+        raise ConfigError(f"--allreduce_fusion {text!r} must be strictly increasing parameter indices >= 1, "
+                          "e.g. 85,160 (ResNet-50), or empty for one fused group")
+    return indices
+
+
 @dataclass(frozen=True)
 class Option:
     name: str
@@ -42,6 +60,7 @@ class Option:
     above: Optional[float] = None      # exclusive lower bound
     max: Optional[float] = None        # inclusive upper bound
     hashed: bool = True                # part of the config hash stored in checkpoints
+    check: Optional[Callable[[Any], None]] = None  # raises ConfigError for a value the other fields cannot reject
 
 
 def _opt(name, type_, default, help_, **kw) -> Option:
@@ -104,7 +123,10 @@ TRAIN_OPTIONS = [
     _opt("min_lr", float, 0.0, "cosine schedule: final learning rate", min=0),
     _opt("momentum", float, 0.9, "SGD momentum", min=0, max=1),
     _opt("weight_decay", float, 1e-4, "L2 weight decay on conv/dense weights (not BN, not bias)", min=0),
-    _opt("loss_scale", float, 1024.0, "fixed loss scale", above=0),
+    _opt("loss_scale", precision.parse_loss_scale, "auto", "auto = dynamic when float16 carries gradients (amp "
+         "O2/O3 float16, grad_compression fp16), else none; dynamic = halve on overflow and skip that step on every "
+         "rank, double after 1000 clean steps (saved in checkpoints); a number = that fixed scale",
+         check=precision.check_loss_scale),
     _opt("ema_decay", float, 0.0, "keep an exponential moving average of the weights with this decay per step "
          "(e.g. 0.999), evaluated and saved as {prefix}_rank{r}_ema.ckpt; 0 = off", min=0, max=0.999999),
     _opt("seed", int, 1, "seed for every RNG; identical on every rank", min=0),
@@ -119,6 +141,9 @@ TRAIN_OPTIONS = [
          "residual) exceeds this", above=0),
     _opt("error_feedback", boolean, True, "topk/threshold: add what was not sent to the next step's gradient "
          "(a per-parameter residual, saved in checkpoints); false only for experiments"),
+    _opt("allreduce_fusion", str, "", "split MindSpore's fused gradient all-reduce after these parameter "
+         "indices (all_reduce_fusion_config), e.g. 85,160 for ResNet-50 as MindSpore's model zoo does on GPU, so "
+         "the first group is reduced while backward still runs; empty = one fused group", check=fusion_split),
     _opt("grad_accum_steps", int, 1, "micro-batches per optimizer step; batch_size stays the global batch of "
          "one optimizer step, each rank runs it as this many micro-batches", min=1),
     # runtime
@@ -129,8 +154,8 @@ TRAIN_OPTIONS = [
          hashed=False),
     _opt("compile_cache", boolean, True, "keep compiled graphs under {output_dir}/compile_cache so a restart "
          "skips compilation (keyed by config, world size, MindSpore version and sources)", hashed=False),
-    _opt("amp_level", str, "O0", "mixed precision: O0 = float32; O2 = low precision except BatchNorm; O3 = all "
-         "low precision", choices=("O0", "O2", "O3")),
+    _opt("amp_level", str, "auto", "mixed precision: auto = O2 on GPU, O0 on CPU; O0 = float32; O2 = low "
+         "precision except BatchNorm (and SyncBatchNorm); O3 = all low precision", choices=precision.AMP_LEVELS),
     _opt("amp_dtype", str, "float16", "low-precision type for amp_level O2/O3 (MindSpore's CPU convolutions "
          "accept neither)", choices=("float16", "bfloat16")),
     _opt("verbose", boolean, False, "show MindSpore's own C++ INFO/WARNING lines", hashed=False),
@@ -165,13 +190,17 @@ class ArgumentParser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+def _metavar(opt: Option) -> str:
+    return opt.type.__name__ if opt.type in (int, float, str, boolean) else "value"
+
+
 def _build_parser(prog: str, options: Sequence[Option]) -> ArgumentParser:
     parser = ArgumentParser(prog=prog, allow_abbrev=False,
                      description="Every option can also be set in the YAML given by --config.")
     parser.add_argument("--config", default="", help="YAML file whose keys set the defaults below")
     for opt in options:
         extra = f" (choices: {', '.join(map(str, opt.choices))})" if opt.choices else ""
-        parser.add_argument(f"--{opt.name}", type=opt.type, default=None, metavar=opt.type.__name__,
+        parser.add_argument(f"--{opt.name}", type=opt.type, default=None, metavar=_metavar(opt),
                             help=f"{opt.help}{extra} [default: {opt.default!r}]")
     return parser
 
@@ -223,6 +252,8 @@ def _coerce(opt: Option, value: Any, where: str) -> Any:
 
 
 def _validate(opt: Option, value: Any, where: str) -> None:
+    if opt.check is not None:
+        opt.check(value)
     if opt.choices is not None and value not in opt.choices:
         close = _closest(str(value), list(map(str, opt.choices)))
         hint = f" (did you mean {close}?)" if close else ""

@@ -38,8 +38,9 @@ def _train(kind, data_dir, model, image_size, batch_size, at_steps, lr, seed, mo
     import mindspore as ms
     from mindspore import nn
 
-    from msdist import engine, optim
+    from msdist import engine, optim, precision
     from msdist.data import pipeline, plan
+    from msdist.loss_scale import LossScaler
     from msdist.layers import replace_batchnorm
 
     classes = pipeline.class_map(data_dir)
@@ -51,9 +52,10 @@ def _train(kind, data_dir, model, image_size, batch_size, at_steps, lr, seed, mo
     if kind == "elementwise":
         replace_batchnorm(net, world_size=1)
     lrs = optim.lr_schedule("constant", lr, at_steps[-1] // steps_per_epoch + 1, steps_per_epoch)
-    optimizer = optim.create_optimizer(net.trainable_params(), lrs, momentum, weight_decay, loss_scale)
+    optimizer = optim.create_optimizer(net.trainable_params(), lrs, momentum, weight_decay)
+    scaler = LossScaler(precision.LossScalePlan(dynamic=False, initial=loss_scale), world_size=1)
     step_cell = engine.TrainStep(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer,
-                                 loss_scale)
+                                 scaler)
     step_cell.set_train(True)
     states, done, epoch = [], 0, 0
     while done < at_steps[-1]:

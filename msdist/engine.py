@@ -1,35 +1,94 @@
 """The network and the compiled train step."""
 from mindspore import nn, ops
 
+from msdist.errors import ConfigError
+
+
+class ScaledUpdate(nn.Cell):
+    """Loss-scaled gradients in, one optimizer step out: overflow check, reduction, unscale, update.
+
+    With a dynamic scale a step whose gradients overflow on any rank is skipped on every rank: the
+    gradients are zeroed before the collectives (so no inf reaches them or the error-feedback
+    residuals), the optimizer does not run (its step counter still advances, so the learning rate
+    follows the data step as the logs do) and the scale halves. A fixed scale adds no check.
+
+    Args:
+        optimizer: its own `loss_scale` must be 1 (unscaling happens here).
+        reducer: cell mapping the gradient tuple to its cross-rank mean (`comm.create_reducer`); None on
+            a single rank. A reducer with `reduces_scaled = True` gets the gradients still scaled (a float16
+            exchange, where the scale keeps small values from flushing to zero).
+        scaler: the `loss_scale.LossScaler` the gradients were scaled by.
+    """
+
+    def __init__(self, optimizer, reducer, scaler):
+        super().__init__(auto_prefix=False)
+        self.optimizer = optimizer
+        self.reducer = reducer
+        self.scaler = scaler
+        self.reduces_scaled = bool(getattr(reducer, "reduces_scaled", False))
+        self.guards_state = bool(getattr(reducer, "guards_state", False))
+        self.hyper_map = ops.HyperMap()
+
+    def _reduce(self, grads, skip):
+        if self.reducer is None:
+            return grads
+        if self.guards_state:
+            return self.reducer(grads, skip)
+        return self.reducer(grads)
+
+    def construct(self, grads):
+        if not self.scaler.dynamic:
+            grads = self.scaler.unscale(grads)
+            return self.optimizer(self._reduce(grads, None))
+        overflow = self.scaler.overflow(grads)
+        grads = self.hyper_map(ops.partial(_zero_if, overflow), grads)
+        if self.reduces_scaled:
+            grads = self.scaler.unscale(self._reduce(grads, overflow))
+            # A float16 exchange can overflow by itself; its result is the same on every rank.
+            overflow = ops.logical_or(overflow, self.scaler.overflow(grads, across_ranks=False))
+        else:
+            grads = self._reduce(self.scaler.unscale(grads), overflow)
+        overflow = self.scaler.update(overflow)
+        # A skipped step still moves the schedule's position (the optimizer moves it when it runs).
+        overflow = ops.depend(overflow, ops.assign_add(self.optimizer.global_step,
+                                                       ops.cast(overflow, self.optimizer.global_step.dtype)))
+        if not overflow:
+            self.optimizer(grads)
+        return overflow
+
+
+_zero_if = ops.MultitypeFuncGraph("zero_if")
+
+
+@_zero_if.register("Tensor", "Tensor")
+def _zero_if_flag(flag, grad):
+    return ops.select(ops.broadcast_to(flag, grad.shape), ops.zeros_like(grad), grad)
+
 
 class TrainStep(nn.Cell):
-    """Forward, backward with a fixed loss scale, gradient reduction over ranks, optimizer update.
+    """Forward, backward with the loss scale, gradient reduction over ranks, optimizer update.
 
     Args:
         net: the model.
         loss_fn: loss cell (logits, labels) -> scalar.
-        optimizer: its `loss_scale` must equal `loss_scale` here (it unscales the gradients).
-        loss_scale: the fixed scale the loss is multiplied by before backward.
+        optimizer: with `loss_scale` 1 (`optim.create_optimizer`).
+        scaler: `loss_scale.LossScaler`, fixed or dynamic.
         reducer: cell mapping the gradient tuple to its cross-rank mean (`comm.create_reducer`); None on
             a single rank.
     """
 
-    def __init__(self, net, loss_fn, optimizer, loss_scale: float, reducer=None):
+    def __init__(self, net, loss_fn, optimizer, scaler, reducer=None):
         super().__init__(auto_prefix=False)
         self.net_with_loss = nn.WithLossCell(net, loss_fn)
-        self.optimizer = optimizer
         self.weights = optimizer.parameters
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
-        self.loss_scale = loss_scale
-        self.reducer = reducer
+        self.scaler = scaler
+        self.update = ScaledUpdate(optimizer, reducer, scaler)
 
     def construct(self, images, labels):
         loss = self.net_with_loss(images, labels)
-        sens = ops.fill(loss.dtype, loss.shape, self.loss_scale)
-        grads = self.grad(self.net_with_loss, self.weights)(images, labels, sens)
-        if self.reducer is not None:
-            grads = self.reducer(grads)
-        return ops.depend(loss, self.optimizer(grads))
+        grads = self.grad(self.net_with_loss, self.weights)(images, labels, self.scaler.sens(loss))
+        return ops.depend(loss, self.update(grads))
 
     def train_on(self, images, labels):
         """One optimizer step on this rank's batch; the loss (same call as comm.AccumulatingTrainStep)."""
@@ -60,14 +119,38 @@ def build_network(model: str, num_classes: int, zero_init_last_bn: bool, sync_bn
 
 
 def mixed_precision(net, amp_level: str, amp_dtype: str):
-    """Cast the network for `amp_level` O2/O3 in `amp_dtype` (float16/bfloat16); O0 returns it unchanged.
+    """Cast the network for a resolved `amp_level` O2/O3 in `amp_dtype` (float16/bfloat16); O0 returns it.
 
-    The loss scale in TrainStep keeps small float16 gradients from flushing to zero.
+    O2 is MindSpore's own O2 (`amp.custom_mixed_precision` with its black list, the code path
+    `auto_mixed_precision(net, "O2")` takes) with msdist's SyncBatchNorm added to the list, so every
+    BatchNorm computes its statistics in float32.
     """
     if amp_level == "O0":
         return net
     import mindspore as ms
-    return ms.amp.auto_mixed_precision(net, amp_level, dtype=getattr(ms, amp_dtype))
+    dtype = getattr(ms, amp_dtype)
+    if amp_level == "O2":
+        from msdist.layers import SyncBatchNorm2d
+        return ms.amp.custom_mixed_precision(net, black_list=ms.amp.get_black_list() + [SyncBatchNorm2d], dtype=dtype)
+    return ms.amp.auto_mixed_precision(net, amp_level, dtype=dtype)
+
+
+def split_allreduce_fusion(indices, num_params: int, world_size: int) -> None:
+    """Split MindSpore's fused gradient all-reduce after these parameter indices (`--allreduce_fusion`).
+
+    MindSpore's model zoo trains ResNet-50 on GPU with [85, 160]: the gradients of the last layers
+    (computed first) are reduced while backward still runs through the first ones.
+
+    Raises:
+        ConfigError: an index at or past the model's trainable parameter count.
+    """
+    if not indices or world_size == 1:
+        return
+    if indices[-1] >= num_params:
+        raise ConfigError(f"--allreduce_fusion index {indices[-1]} is past the model's last trainable parameter "
+                          f"(it has {num_params}); use indices below {num_params}")
+    import mindspore as ms
+    ms.set_auto_parallel_context(all_reduce_fusion_config=list(indices))
 
 
 def default_reducer(params, world_size: int):
@@ -75,3 +158,32 @@ def default_reducer(params, world_size: int):
     if world_size == 1:
         return None
     return nn.DistributedGradReducer(params, mean=True, degree=world_size)
+
+
+class _Add(nn.Cell):
+    def construct(self, a, b):
+        return a + b
+
+
+class LossAccumulator:
+    """Step losses summed on the device, read to the host only when asked (at log steps).
+
+    Reading a device value waits for every step queued before it, so reading each step's loss would
+    make the host wait for the device every step instead of queueing the next one.
+    """
+
+    def __init__(self):
+        self._sum = None
+        self._steps = 0
+        self._add = _Add()  # a compiled graph: launched like the train step, without an eager-mode op
+
+    def add(self, loss) -> None:
+        """Add one step's loss (a device Tensor); no host sync."""
+        self._sum = loss if self._sum is None else self._add(self._sum, loss)
+        self._steps += 1
+
+    def read(self) -> float:
+        """Mean of the losses added since the last read; blocks until they are computed."""
+        mean = float(self._sum.asnumpy()) / self._steps
+        self._sum, self._steps = None, 0
+        return mean

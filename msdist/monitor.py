@@ -17,7 +17,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, TextIO, Tuple
+from typing import Optional, Sequence, TextIO, Tuple
 
 from msdist.errors import ConfigError
 from msdist.files import atomic_write_text
@@ -77,11 +77,24 @@ class StepTimer:
     steady_steps: int = 0
     data_s: float = 0.0
     _mark: float = field(default_factory=time.perf_counter)
+    _window: list = field(default_factory=lambda: [0.0, 0.0, 0])  # compute s, data s, steps since take_window
+
+    def take_window(self) -> Tuple[float, float]:
+        """(compute s, data wait s) per step since the last call; call right after a blocking loss read.
+
+        Steps are launched without waiting for the device, so one step's own time is only its launch;
+        the blocking read at a log step waits for the whole backlog. Over the window the sum is exact:
+        wall time minus the time spent waiting for batches.
+        """
+        compute, data, steps = self._window
+        self._window = [0.0, 0.0, 0]
+        return (compute / steps, data / steps) if steps else (0.0, 0.0)
 
     def data_ready(self) -> float:
         now = time.perf_counter()
         waited = now - self._mark
         self.data_s += waited
+        self._window[1] += waited
         if self.first_step_s is not None:
             self.steady_s += waited  # throughput is wall-clock: a step that waits for its batch is slower
         self._mark = now
@@ -90,6 +103,8 @@ class StepTimer:
     def step_done(self) -> float:
         now = time.perf_counter()
         took = now - self._mark
+        self._window[0] += took
+        self._window[2] += 1
         if self.first_step_s is None:
             self.first_step_s = took
         else:
@@ -161,7 +176,8 @@ class Progress:
         self.total_steps = min(full, max_steps) if max_steps else full
         self.bar = bar
         self.epoch = 0
-        self._losses: List[float] = []
+        self._loss_sum, self._loss_steps, self._loss_mark = 0.0, 0, 0
+        self._last_loss = float("nan")
         self._first_step = 0
         self._step = self._global_step = 0
         self._epoch_start = self._last_step_time = time.perf_counter()
@@ -174,7 +190,7 @@ class Progress:
         """Begin 0-based `epoch`; `first_step` > 0 when a resumed run skips steps already done."""
         self.epoch, self._first_step = epoch, first_step
         self._step = first_step
-        self._losses = []
+        self._loss_sum, self._loss_steps, self._loss_mark = 0.0, 0, first_step
         self._epoch_start = self._last_step_time = time.perf_counter()
         self._stamps.clear()
         self._stamps.append(self._epoch_start)
@@ -202,28 +218,34 @@ class Progress:
                         self._step + self.total_steps - self._global_step)
         return (epoch_end - self._step) * rate, (self.total_steps - self._global_step) * rate
 
-    def step(self, step: int, global_step: int, loss: float, lr: float, step_s: float, data_s: float) -> Optional[dict]:
+    def step(self, step: int, global_step: int, loss: Optional[float], lr: float, step_s: float,
+             data_s: float) -> Optional[dict]:
         """Account one optimizer step; at a log step write the step line and return its metrics record.
 
         Args:
             step: 1-based step within the epoch.
             global_step: optimizer steps done in the whole run.
-            loss: this step's loss (the rank mean at log steps).
+            loss: the mean loss of the steps since the last value given (the rank mean at log steps); None
+                while it has not been read from the device (the train loop reads it at log steps only).
             lr: the learning rate of this step.
-            step_s: compute time of this step; data_s: time spent waiting for its batch.
+            step_s: compute time per step; data_s: time spent waiting per batch (at log steps: over the
+                steps since the previous log step, `StepTimer.take_window`).
         """
         now = time.perf_counter()
         self._step, self._global_step, self._last_step_time = step, global_step, now
-        self._losses.append(loss)
+        if loss is not None:
+            self._loss_sum += loss * (step - self._loss_mark)
+            self._loss_steps += step - self._loss_mark
+            self._loss_mark, self._last_loss = step, loss
         if not self._compiled:  # the first step of a process includes graph compilation: keep it out of rates
             self._compiled = True
             self._stamps.clear()
         self._stamps.append(now)
         record = None
         if self.is_log_step(step, global_step):
-            record = self._log_step(loss, lr, step_s, data_s)
+            record = self._log_step(self._last_loss, lr, step_s, data_s)
         if self.bar is not None:
-            self._draw(loss, lr, force=record is not None)
+            self._draw(self._last_loss, lr, force=record is not None)
             if step == self.steps_per_epoch or global_step == self.total_steps:
                 self._close_bar()  # before the save and evaluation messages that follow
         return record
@@ -266,8 +288,8 @@ class Progress:
             self._drawn_width = 0
 
     def epoch_loss(self) -> float:
-        """Mean loss of this rank's steps in the current epoch."""
-        return sum(self._losses) / len(self._losses) if self._losses else float("nan")
+        """Mean loss of this rank's steps in the current epoch (those read so far)."""
+        return self._loss_sum / self._loss_steps if self._loss_steps else float("nan")
 
     def end_epoch(self, train_loss: float, val: Optional[dict] = None) -> dict:
         """Close the bar, log the epoch summary and return the epoch's metrics record.

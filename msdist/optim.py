@@ -50,14 +50,14 @@ def param_groups(params, weight_decay: float, lrs: np.ndarray = None, backbone_l
     return split
 
 
-def create_optimizer(params, lrs: np.ndarray, momentum: float, weight_decay: float, loss_scale: float,
-                     backbone_lr_scale: float = 1.0, head_prefix: str = "fc."):
+def create_optimizer(params, lrs: np.ndarray, momentum: float, weight_decay: float, backbone_lr_scale: float = 1.0,
+                     head_prefix: str = "fc."):
     """SGD with momentum following the per-step schedule `lrs` (position kept in `global_step`).
 
-    The optimizer divides gradients by `loss_scale`, matching a fixed loss scale in the train step.
+    Gradients reach it already unscaled (`engine.ScaledUpdate`), so its own `loss_scale` stays 1.
     `backbone_lr_scale` scales the learning rate of everything outside the classifier (`head_prefix`).
     """
     import mindspore as ms
     from mindspore import nn
     return nn.Momentum(param_groups(params, weight_decay, lrs, backbone_lr_scale, head_prefix),
-                       learning_rate=ms.Tensor(lrs), momentum=momentum, loss_scale=loss_scale)
+                       learning_rate=ms.Tensor(lrs), momentum=momentum)

@@ -91,6 +91,14 @@ def place_rank(local_rank: int, local_world_size: int, bind: bool = True) -> Pla
     return Placement(per_rank, cores[local_rank * per_rank:(local_rank + 1) * per_rank], "msdist")
 
 
+def needs_cpu_isa(device_target: str) -> bool:
+    """Whether the oneDNN ISA choice (and its probe) matters: not when the model runs on a GPU.
+
+    `auto` may still turn out to be a CPU, so it keeps the CPU set-up.
+    """
+    return device_target != "GPU"
+
+
 def choose_cpu_isa(requested: str) -> tuple:
     """Pick the oneDNN ISA cap: explicit environment, then the option, then the cached probe."""
     if os.environ.get("ONEDNN_MAX_CPU_ISA"):
@@ -114,12 +122,14 @@ def _source_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def compile_cache_dir(output_dir: str, config_hash: str, world_size: int, num_classes: int) -> str:
+def compile_cache_dir(output_dir: str, config_hash: str, world_size: int, num_classes: int,
+                      device_target: str = "CPU") -> str:
     """Where MindSpore keeps this run's compiled graphs.
 
     The folder name hashes everything a compiled graph depends on: the config (model, image size,
     batch, amp level...), the world size, the class count (the classifier's shape, which comes from
-    the data unless set), the MindSpore version and msdist's own sources. Changing any of them
+    the data unless set), the device target (a CPU graph is no GPU graph; `auto` as given), the
+    MindSpore version and msdist's own sources. Changing any of them
     selects a fresh folder, so a stale graph is never loaded.
     """
     from importlib.metadata import PackageNotFoundError, version
@@ -127,7 +137,8 @@ def compile_cache_dir(output_dir: str, config_hash: str, world_size: int, num_cl
         ms_version = version("mindspore")
     except PackageNotFoundError:
         ms_version = "none"
-    key = f"{config_hash}|world {world_size}|classes {num_classes}|mindspore {ms_version}|{_source_fingerprint()}"
+    key = (f"{config_hash}|world {world_size}|classes {num_classes}|device {device_target}|mindspore {ms_version}|"
+           f"{_source_fingerprint()}")
     return os.path.join(output_dir, "compile_cache", hashlib.sha256(key.encode()).hexdigest()[:16])
 
 
@@ -137,7 +148,7 @@ def _cache_is_warm(cache_dir: str, rank: int) -> bool:
 
 
 def prepare(verbose: bool = False, cpu_isa: str = "auto", local_world_size: int = 1, *, local_rank: int = 0,
-            rank: int = 0, bind_cores: bool = True, compile_cache: str = "") -> RuntimeInfo:
+            rank: int = 0, bind_cores: bool = True, compile_cache: str = "", device_target: str = "auto") -> RuntimeInfo:
     """Set logging, kernel ISA, threads, core binding and compile cache for this process.
 
     Call before importing mindspore.
@@ -150,6 +161,8 @@ def prepare(verbose: bool = False, cpu_isa: str = "auto", local_world_size: int 
         rank: global rank (MindSpore keeps one compile-cache folder per rank).
         bind_cores: pin this process to its slice of cores when several ranks share the host.
         compile_cache: directory for MindSpore's compile cache (see `compile_cache_dir`); "" = off.
+        device_target: the device decision ("CPU", "GPU" or "auto"); on GPU the oneDNN ISA is left alone
+            and never probed (the probe times CPU convolutions in subprocesses).
     """
     if "mindspore" in sys.modules:
         _logger.warning("runtime.prepare() called after mindspore was imported; ISA and thread settings may not apply")
@@ -157,7 +170,7 @@ def prepare(verbose: bool = False, cpu_isa: str = "auto", local_world_size: int 
     os.environ["GLOG_v"] = level
     # Some of MindSpore's communication libraries log through plain glog, which reads this instead.
     os.environ["GLOG_minloglevel"] = "0" if verbose else "2"
-    isa, source = choose_cpu_isa(cpu_isa)
+    isa, source = choose_cpu_isa(cpu_isa) if needs_cpu_isa(device_target) else ("", "not used on GPU")
     if isa:
         os.environ["ONEDNN_MAX_CPU_ISA"] = isa
     place = place_rank(local_rank, local_world_size, bind_cores)

@@ -95,7 +95,7 @@ def _compile_cache(cfg, world_size: int) -> str:
     # max_steps does not shape the graph: a resume that trains further must find the cache warm.
     graph_options = [o for o in config.TRAIN_OPTIONS if o.name != "max_steps"]
     return runtime.compile_cache_dir(cfg.output_dir, config.config_hash(cfg, graph_options), world_size,
-                                     cfg.num_classes or len(pipeline.class_map(cfg.data_dir)))
+                                     cfg.num_classes or len(pipeline.class_map(cfg.data_dir)), cfg.device_target)
 
 
 def start(argv=None, *, options: Sequence[config.Option] = config.TRAIN_OPTIONS, prog: str = "msdist.train",
@@ -117,7 +117,8 @@ def start(argv=None, *, options: Sequence[config.Option] = config.TRAIN_OPTIONS,
     rt = runtime.prepare(getattr(cfg, "verbose", False), getattr(cfg, "cpu_isa", "auto"), launch.local_world_size,
                          local_rank=launch.local_rank, rank=launch.rank,
                          bind_cores=getattr(cfg, "bind_cores", True),
-                         compile_cache=_compile_cache(cfg, launch.world_size) if compile_cache else "")
+                         compile_cache=_compile_cache(cfg, launch.world_size) if compile_cache else "",
+                         device_target=cfg.device_target)
     return Started(cfg, launch, rt)
 
 

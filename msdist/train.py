@@ -10,7 +10,7 @@ import random
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
@@ -106,35 +106,46 @@ class Model:
     lrs: np.ndarray
     train_state: list       # Parameters besides the model that an exact resume needs
     compile_seconds: float
+    scaler: object          # msdist.loss_scale.LossScaler
+    losses: object          # engine.LossAccumulator: the loss stays on the device between log steps
     ema: object = None      # msdist.ema.EMA of the weights (--ema_decay), or None
+    overflow_test_step: Optional[int] = None  # loss_scale's test hook (MSDIST_TEST_OVERFLOW), else None
 
 
 def build_model(cfg, dist, data: Data, rt) -> Model:
     """Network (SyncBN, AMP), LR schedule, optimizer, gradient reducer, and the compiled train step."""
     import mindspore as ms
 
-    from msdist import comm, ema, engine, optim, pretrained
+    from msdist import comm, ema, engine, loss_scale, optim, precision, pretrained
+    amp_level = precision.resolve_amp_level(cfg.amp_level, dist.device_target)
+    precision.warn_if_no_speedup(cfg.amp_level, dist.device_target)
+    scale_plan = precision.loss_scale_plan(cfg.loss_scale, amp_level, cfg.amp_dtype, cfg.grad_compression)
+    _logger.info("precision: amp %s | loss scale %s", amp_level if amp_level == "O0" else f"{amp_level} "
+                 f"{cfg.amp_dtype}", scale_plan.describe())
     net = engine.build_network(cfg.model, cfg.num_classes or len(data.classes), cfg.zero_init_last_bn, cfg.sync_bn,
                                dist.world_size)
     if cfg.pretrained:  # before resume, which overrides it
         pretrained.load_pretrained(net, cfg.pretrained)
     if cfg.freeze_backbone:
         pretrained.freeze_backbone(net)
-    net = engine.mixed_precision(net, cfg.amp_level, cfg.amp_dtype)
+    net = engine.mixed_precision(net, amp_level, cfg.amp_dtype)
     lrs = optim.lr_schedule(cfg.lr_schedule, cfg.lr * dist.world_size if cfg.scale_lr else cfg.lr, cfg.epochs,
                             data.steps_per_epoch, cfg.warmup_epochs, cfg.lr_step_size, cfg.lr_gamma, cfg.min_lr)
-    optimizer = optim.create_optimizer(net.trainable_params(), lrs, cfg.momentum, cfg.weight_decay, cfg.loss_scale,
+    optimizer = optim.create_optimizer(net.trainable_params(), lrs, cfg.momentum, cfg.weight_decay,
                                        cfg.backbone_lr_scale, pretrained.HEAD_PREFIX)
     loss_fn = engine.create_loss(data.regularization.soft_labels)
+    engine.split_allreduce_fusion(config.fusion_split(cfg.allreduce_fusion), len(optimizer.parameters),
+                                  dist.world_size)
     reducer = comm.create_reducer(cfg.grad_compression, optimizer.parameters, dist.world_size,
                                   topk_ratio=cfg.topk_ratio, threshold=cfg.threshold,
-                                  error_feedback=cfg.error_feedback, loss_scale=cfg.loss_scale)
+                                  error_feedback=cfg.error_feedback)
+    scaler = loss_scale.LossScaler(scale_plan, dist.world_size)
     # batch_size stays the global batch of one optimizer step; accumulation splits each rank's share.
     micro_batch = plan.micro_batch_size(data.per_rank_batch, cfg.grad_accum_steps)
     if cfg.grad_accum_steps > 1:
-        step = comm.AccumulatingTrainStep(net, loss_fn, optimizer, cfg.loss_scale, reducer, cfg.grad_accum_steps)
+        step = comm.AccumulatingTrainStep(net, loss_fn, optimizer, scaler, reducer, cfg.grad_accum_steps)
     else:
-        step = engine.TrainStep(net, loss_fn, optimizer, cfg.loss_scale, reducer)
+        step = engine.TrainStep(net, loss_fn, optimizer, scaler, reducer)
     _logger.info("gradients: %s | %d micro-batch(es) of %d per rank per optimizer step", cfg.grad_compression,
                  cfg.grad_accum_steps, micro_batch)
     step.set_train(True)
@@ -146,11 +157,13 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
     compile_seconds = time.perf_counter() - compile_start
     _logger.info("train step compiled in %.1f s", compile_seconds)
     # Error-feedback residuals are per-rank state an exact resume needs, like the optimizer's.
-    train_state = list(optimizer.moments) + [optimizer.global_step] + comm.residuals(reducer)
+    train_state = list(optimizer.moments) + [optimizer.global_step] + comm.residuals(reducer) + \
+        loss_scale.state_params(scaler)
     averaged = ema.create(net, cfg.ema_decay)  # after --pretrained, so the average starts from those weights
     if averaged is not None:
         train_state += averaged.parameters_to_save()
-    return Model(net, optimizer, step, lrs, train_state, compile_seconds, averaged)
+    return Model(net, optimizer, step, lrs, train_state, compile_seconds, scaler, engine.LossAccumulator(), averaged,
+                 loss_scale.test_overflow_step(dist.rank))
 
 
 @dataclass(frozen=True)
@@ -163,6 +176,7 @@ class Position:
 
 def train_epoch(cfg, dist, data: Data, model: Model, watch: monitor.Watch, collectives, at: Position) -> Position:
     """Run the optimizer steps of epoch `at.epoch` from step `at.step`; stop early at max_steps."""
+    from msdist import loss_scale
     batches = pipeline.build_train_dataset(data.train, batch_size=data.per_rank_batch, image_size=cfg.image_size,
                                            epoch=at.epoch, seed=cfg.seed, shuffle=cfg.shuffle, augment=cfg.augment,
                                            padding=cfg.crop_padding, world_size=dist.world_size, rank=dist.rank,
@@ -172,14 +186,18 @@ def train_epoch(cfg, dist, data: Data, model: Model, watch: monitor.Watch, colle
     watch.timer.restart_clock()
     step, global_step = at.step, at.global_step
     for images, labels in batches.create_tuple_iterator(num_epochs=1):
+        loss_scale.poison_for(model.scaler, model.overflow_test_step, global_step + 1)  # no-op unless a test asks
         data_s = watch.timer.data_ready()
-        loss = float(model.train_step.train_on(images, labels).asnumpy())
+        model.losses.add(model.train_step.train_on(images, labels))
         if model.ema is not None:
             model.ema()
-        step_s = watch.timer.step_done()
         step, global_step = step + 1, global_step + 1
-        if watch.progress.is_log_step(step, global_step):
-            loss = float(collectives.sum([loss])[0]) / dist.world_size
+        loss = None
+        if watch.progress.is_log_step(step, global_step):  # the only host sync: it waits for the queued steps
+            loss = float(collectives.sum([model.losses.read()])[0]) / dist.world_size
+        step_s = watch.timer.step_done()
+        if loss is not None:
+            step_s, data_s = watch.timer.take_window()
         watch.record(watch.progress.step(step, global_step, loss, float(model.lrs[global_step - 1]), step_s, data_s))
         watch.beat.update(at.epoch + 1, step, global_step)
         if _reached(cfg.max_steps, global_step):
@@ -203,11 +221,10 @@ def train(started: startup.Started) -> int:
     with alike_on_every_rank():  # every rank checks the same tree (rank 0 decodes, all agree)
         data = load_data(cfg, dist, collectives, started.rt)
     _logger.info("world size %d (%s, %s) | global batch %d = %d per rank | %d classes | %d train / %d test images"
-                 " | %d steps/epoch (%d left over) | %s | amp %s", dist.world_size, dist.device_target,
+                 " | %d steps/epoch (%d left over) | %s", dist.world_size, dist.device_target,
                  dist.backend or "standalone", cfg.batch_size, data.per_rank_batch, len(data.classes),
                  len(data.train), len(data.test), data.steps_per_epoch,
-                 len(data.train) - data.steps_per_epoch * cfg.batch_size, started.rt.summary(),
-                 cfg.amp_level if cfg.amp_level == "O0" else f"{cfg.amp_level} {cfg.amp_dtype}")
+                 len(data.train) - data.steps_per_epoch * cfg.batch_size, started.rt.summary())
     if dist.is_main:
         config.save(cfg, os.path.join(cfg.output_dir, "config.yaml"))
     model = build_model(cfg, dist, data, started.rt)

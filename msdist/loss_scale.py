@@ -1,0 +1,118 @@
+"""The loss scale inside the compiled train step: fixed, or dynamic with a cross-rank overflow check.
+
+Dynamic scaling follows MindSpore's `nn.DynamicLossScaleUpdateCell` (mindspore/nn/wrap/loss_scale.py):
+on a step whose gradients hold an inf or NaN the scale is divided by `precision.SCALE_FACTOR` (never
+below 1) and the step is skipped; after `precision.SCALE_WINDOW` steps since the last overflow or
+increase it is multiplied by the factor. The overflow flag is summed over the ranks first
+(MindSpore's TrainOneStepWithLossScaleCell does the same), so every rank skips the same steps and
+keeps the same scale. The scale and both counters are Parameters saved in checkpoints
+(`state_params`), so a resumed run continues with the scale it had.
+
+Test hook: `MSDIST_TEST_OVERFLOW="RANK:STEP"` makes rank RANK's gradients of (1-based) global step
+STEP infinite (its backward seed is multiplied by inf), to prove that an overflow on one rank only is
+skipped by all. It is read once, at build time, and touches nothing when unset.
+"""
+import os
+from typing import List, Optional
+
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+import mindspore as ms
+
+from msdist import precision
+from msdist.errors import ConfigError
+
+STATE_PREFIX = "loss_scale."
+TEST_OVERFLOW_ENV = "MSDIST_TEST_OVERFLOW"
+
+_not_finite = ops.MultitypeFuncGraph("not_finite")
+
+
+@_not_finite.register("Tensor")
+def _count_not_finite(grad):
+    return 1.0 - ops.cast(ops.isfinite(grad).all(), ms.float32)
+
+
+class LossScaler(nn.Cell):
+    """The loss scale of one train step and its update rule.
+
+    Args:
+        plan: fixed or dynamic, and the starting scale (`precision.loss_scale_plan`).
+        world_size: ranks whose overflow flags are combined.
+        scale_window: clean steps before the scale grows.
+    """
+
+    def __init__(self, plan: precision.LossScalePlan, world_size: int, scale_window: int = precision.SCALE_WINDOW):
+        super().__init__(auto_prefix=False)
+        self.dynamic = plan.dynamic
+        self.scale_window = scale_window
+        self.value = Parameter(Tensor(plan.initial, ms.float32), name=STATE_PREFIX + "value", requires_grad=False)
+        self.cur_iter = Parameter(Tensor(1, ms.int32), name=STATE_PREFIX + "cur_iter", requires_grad=False)
+        self.last_overflow_iter = Parameter(Tensor(0, ms.int32), name=STATE_PREFIX + "last_overflow_iter",
+                                            requires_grad=False)
+        # 1 except on the step the test hook poisons; not state, never saved.
+        self.poison = Parameter(Tensor(1.0, ms.float32), name="loss_scale_test_poison", requires_grad=False)
+        self.all_reduce = ops.AllReduce() if world_size > 1 else None
+        self.hyper_map = ops.HyperMap()
+
+    def sens(self, loss):
+        """The backward seed: the scale, shaped and typed like the loss."""
+        return ops.fill(loss.dtype, loss.shape, 1.0) * ops.cast(self.value * self.poison, loss.dtype)
+
+    def unscale(self, grads):
+        inv = ops.reciprocal(self.value)
+        return self.hyper_map(ops.partial(_times, inv), grads)
+
+    def overflow(self, grads, across_ranks: bool = True):
+        """Whether any gradient element is inf or NaN, on this rank or (across_ranks) on any rank."""
+        count = ops.addn(self.hyper_map(_not_finite, grads))
+        if across_ranks and self.all_reduce is not None:
+            count = self.all_reduce(count)
+        return count > 0
+
+    def update(self, overflow):
+        """One step of nn.DynamicLossScaleUpdateCell's rule; a no-op for a fixed scale."""
+        if not self.dynamic:
+            return overflow
+        factor = precision.SCALE_FACTOR
+        halved = ops.select(overflow, ops.maximum(self.value / factor, ops.ones_like(self.value)), self.value)
+        grow = (self.cur_iter - self.last_overflow_iter) >= self.scale_window
+        restart = ops.logical_or(overflow, grow)
+        last = ops.assign(self.last_overflow_iter, ops.select(restart, self.cur_iter, self.last_overflow_iter))
+        scaled = ops.select(ops.logical_and(grow, ops.logical_not(overflow)), halved * factor, halved)
+        overflow = ops.depend(overflow, last)
+        overflow = ops.depend(overflow, ops.assign(self.value, scaled))
+        return ops.depend(overflow, ops.assign_add(self.cur_iter, ops.ones_like(self.cur_iter)))
+
+
+_times = ops.MultitypeFuncGraph("times")
+
+
+@_times.register("Tensor", "Tensor")
+def _times_tensor(scalar, grad):
+    return grad * ops.cast(scalar, grad.dtype)
+
+
+def state_params(scaler: Optional[LossScaler]) -> List[Parameter]:
+    """The loss-scale state a checkpoint must hold for an exact resume: scale and counters."""
+    if scaler is None:
+        return []
+    return [scaler.value, scaler.cur_iter, scaler.last_overflow_iter]
+
+
+def test_overflow_step(rank: int) -> Optional[int]:
+    """The global step at which the test hook poisons this rank's gradients, or None."""
+    spec = os.environ.get(TEST_OVERFLOW_ENV, "")
+    if not spec:
+        return None
+    try:
+        target, step = (int(x) for x in spec.split(":"))
+    except ValueError:
+        raise ConfigError(f"{TEST_OVERFLOW_ENV}={spec!r} must be RANK:STEP, e.g. 1:3") from None
+    return step if target == rank else None
+
+
+def poison_for(scaler: LossScaler, poison_step: Optional[int], next_global_step: int) -> None:
+    """Test hook: set the scaler's poison before step `next_global_step` (inf on the chosen step only)."""
+    if poison_step is not None and next_global_step in (poison_step, poison_step + 1):
+        scaler.poison.set_data(Tensor(np.inf if next_global_step == poison_step else 1.0, ms.float32))

@@ -1,0 +1,107 @@
+"""Mixed precision and loss scaling (msdist/precision.py, msdist/loss_scale.py, engine.ScaledUpdate).
+
+The device decisions are pure functions, tested here for GPU and CPU without a GPU. Dynamic loss
+scaling is checked against MindSpore's own nn.DynamicLossScaleUpdateCell step by step, and under a
+real `mpirun -n 2` with an overflow injected on one rank only (the MSDIST_TEST_OVERFLOW hook).
+"""
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from conftest import checkpoints, load_params, run_msdist, tiny_args
+from msdist import config, precision
+from msdist.errors import ConfigError
+
+
+def test_amp_auto_is_o2_on_gpu_and_o0_on_cpu():
+    assert precision.resolve_amp_level("auto", "GPU") == "O2"
+    assert precision.resolve_amp_level("auto", "CPU") == "O0"
+    assert precision.resolve_amp_level("O3", "GPU") == "O3"
+    assert precision.resolve_amp_level("O2", "CPU") == "O2"  # explicit levels still run (with a warning)
+    assert config.parse([]).amp_level == "auto"
+
+
+def test_explicit_low_precision_on_cpu_warns_and_names_auto(caplog):
+    precision.warn_if_no_speedup("O2", "CPU")
+    precision.warn_if_no_speedup("O2", "GPU")
+    precision.warn_if_no_speedup("auto", "CPU")
+    assert len(caplog.records) == 1 and "--amp_level auto" in caplog.records[0].getMessage()
+
+
+def test_loss_scale_auto_is_dynamic_only_where_float16_carries_gradients():
+    dynamic = precision.LossScalePlan(True, precision.DYNAMIC_INITIAL_SCALE)
+    assert precision.loss_scale_plan("auto", "O2", "float16", "none") == dynamic          # GPU default
+    assert precision.loss_scale_plan("auto", "O0", "float16", "none") == precision.LossScalePlan(False, 1.0)
+    assert precision.loss_scale_plan("auto", "O2", "bfloat16", "none") == precision.LossScalePlan(False, 1.0)
+    assert precision.loss_scale_plan("auto", "O0", "float16", "fp16") == dynamic          # float16 exchange
+    assert precision.loss_scale_plan("dynamic", "O0", "float16", "none") == dynamic       # asked for on CPU
+    assert precision.loss_scale_plan(1024.0, "O2", "float16", "none") == precision.LossScalePlan(False, 1024.0)
+
+
+def test_loss_scale_option_accepts_modes_and_numbers_and_suggests():
+    assert config.parse([]).loss_scale == "auto"
+    assert config.parse(["--loss_scale", "Dynamic"]).loss_scale == "dynamic"
+    assert config.parse(["--loss_scale", "1024"]).loss_scale == 1024.0
+    with pytest.raises(ConfigError, match=r"did you mean dynamic\?"):
+        config.parse(["--loss_scale", "dynamc"])
+    with pytest.raises(ConfigError, match="must be a finite number > 0"):
+        config.parse(["--loss_scale", "0"])
+
+
+def test_dynamic_update_matches_mindspore_cell():
+    """Same scale after every step as nn.DynamicLossScaleUpdateCell for a run of overflow flags."""
+    import mindspore as ms
+    from mindspore import Parameter, Tensor, nn
+    from msdist.loss_scale import LossScaler
+
+    class Update(nn.Cell):
+        def __init__(self, scaler):
+            super().__init__()
+            self.scaler = scaler
+
+        def construct(self, flag):
+            return self.scaler.update(flag)
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    scaler = LossScaler(precision.LossScalePlan(True, 8.0), world_size=1, scale_window=3)
+    ours = Update(scaler)
+    theirs = nn.DynamicLossScaleUpdateCell(loss_scale_value=8.0, scale_factor=2, scale_window=3)
+    their_scale = Parameter(Tensor(8.0, ms.float32), name="their_scale")
+    flags = [False, False, False, True, True, True, True, False, False, False, False, False, False, False]
+    seen = []
+    for flag in flags:
+        ours(Tensor(flag))
+        theirs(their_scale, Tensor(flag))
+        assert float(scaler.value.asnumpy()) == float(their_scale.asnumpy()), flags[:len(seen) + 1]
+        seen.append(float(scaler.value.asnumpy()))
+    assert min(seen) == 1.0 and max(seen) == 16.0  # halved down to the floor of 1, doubled after 3 clean steps
+
+
+SETUP = ("--augment", "false", "--deterministic", "true", "--loss_scale", "dynamic", "--log_every", 1)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_overflow_on_one_rank_is_skipped_by_all_and_the_scale_is_resumed(data_dir, tmp_path):
+    poisoned, clean = tmp_path / "poisoned", tmp_path / "clean"
+    # Rank 1's gradients of step 3 are infinite; rank 0's are fine.
+    with ThreadPoolExecutor(max_workers=2) as pool:  # cluster start-up and exit overlap
+        list(pool.map(lambda job: run_msdist("train", tiny_args(data_dir, *job[0]), ranks=2, env=job[1]), [
+            ((poisoned, *SETUP, "--max_steps", 3), {"MSDIST_TEST_OVERFLOW": "1:3"}),
+            ((clean, *SETUP, "--max_steps", 2), {})]))
+    after_two = load_params(checkpoints(clean, 0)[-1], include_state=True)
+    for rank in (0, 1):  # the job's own replica checksum also passed at the save
+        params = load_params(checkpoints(poisoned, rank)[-1], include_state=True)
+        # Weights and momenta; not BatchNorm's running statistics (the forward pass ran) nor counters.
+        trained = [n for n in after_two if "moving_" not in n
+                   and not n.startswith(("loss_scale.", "msdist_state.")) and n != "global_step"]
+        different = [n for n in trained if not np.array_equal(params[n], after_two[n])]
+        assert not different, f"rank {rank}: the skipped step changed {different[:5]}"
+        assert params["loss_scale.value"] == precision.DYNAMIC_INITIAL_SCALE / 2
+        assert params["loss_scale.last_overflow_iter"] == 3 and params["global_step"] == 3
+    # Resume: the halved scale and its counters come back, and keep counting.
+    run_msdist("train", tiny_args(data_dir, poisoned, *SETUP, "--max_steps", 4, "--resume", "auto"), ranks=2)
+    resumed = load_params(checkpoints(poisoned, 1)[-1], include_state=True)
+    assert resumed["loss_scale.value"] == precision.DYNAMIC_INITIAL_SCALE / 2
+    assert (resumed["loss_scale.cur_iter"], resumed["loss_scale.last_overflow_iter"]) == (5, 3)
