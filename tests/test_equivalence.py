@@ -157,9 +157,12 @@ def test_diverged_replicas_fail_loudly(data_dir, tmp_path):
 # ---------------------------------------------------------------- ResNet-18, tie-free images, with the control
 
 R18_STEPS = (1, 10)  # 16 training images, global batch 16: one step per epoch, a checkpoint after each
+# At lr 0.005 the 16 images are memorized within 4 steps (loss 1.46 -> 0.02) and the control itself drifts
+# from 3e-6 after step 1 to 6e-2 after step 5: the 10-step comparison needs the slower, stable regime.
+R18_LR = 0.0005
 R18_SETUP = ("--model", "resnet18", "--image_size", 56, "--epochs", R18_STEPS[-1], "--save_every_epochs", 1,
              "--keep_checkpoint_max", R18_STEPS[-1], "--augment", "false", "--shuffle", "true",
-             "--deterministic", "true", "--lr", 0.005, "--lr_schedule", "constant", "--warmup_epochs", 0,
+             "--deterministic", "true", "--lr", R18_LR, "--lr_schedule", "constant", "--warmup_epochs", 0,
              "--batch_size", 16)
 STEP_TOLERANCE = {1: 1e-5, 10: 1e-4}
 
@@ -188,7 +191,7 @@ def r18(tmp_path_factory, data_dir):
             if not any(f"-{s}_" in os.path.basename(f) for s in R18_STEPS):
                 os.remove(f)
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU", deterministic="ON")
-    states = control.single_card_states(str(images), "resnet18", 56, 16, R18_STEPS, lr=0.005, seed=1)
+    states = control.single_card_states(str(images), "resnet18", 56, 16, R18_STEPS, lr=R18_LR, seed=1)
     floor = {s: worst_relative_gap(states["mindspore"][i], states["elementwise"][i]) for i, s in enumerate(R18_STEPS)}
     return root, floor
 
