@@ -157,14 +157,20 @@ def test_diverged_replicas_fail_loudly(data_dir, tmp_path):
 # ---------------------------------------------------------------- ResNet-18, tie-free images, with the control
 
 R18_STEPS = (1, 10)  # 16 training images, global batch 16: one step per epoch, a checkpoint after each
-# At lr 0.005 the 16 images are memorized within 4 steps (loss 1.46 -> 0.02) and the control itself drifts
-# from 3e-6 after step 1 to 6e-2 after step 5: the 10-step comparison needs the slower, stable regime.
+# These 16 images are memorized within a few steps, and then the two single-card BatchNorms themselves drift
+# apart (measured control: 3e-6 after step 1, 6e-2 after step 5 at lr 0.005, 3e-2 after step 10 at
+# lr 0.0005; docs/equivalence.md). After step 1 the bound is absolute; after step 10 it is 1e-4 or, where
+# the control itself is further apart, twice the control.
 R18_LR = 0.0005
 R18_SETUP = ("--model", "resnet18", "--image_size", 56, "--epochs", R18_STEPS[-1], "--save_every_epochs", 1,
              "--keep_checkpoint_max", R18_STEPS[-1], "--augment", "false", "--shuffle", "true",
              "--deterministic", "true", "--lr", R18_LR, "--lr_schedule", "constant", "--warmup_epochs", 0,
              "--batch_size", 16)
 STEP_TOLERANCE = {1: 1e-5, 10: 1e-4}
+
+
+def _tolerance(step: int, floor: float) -> float:
+    return STEP_TOLERANCE[step] if step == R18_STEPS[0] else max(STEP_TOLERANCE[step], 2 * floor)
 
 
 def _state_at(output_dir, rank: int, step: int) -> dict:
@@ -208,7 +214,7 @@ def test_resnet18_sync_bn_equals_single_card_next_to_the_floor(r18, ranks, step)
         report = (f"ResNet-18 56px tie-free, step {step}, {ranks} ranks (rank {rank}) vs 1 card: gap {gap:.2e}; "
                   f"1-card floor (MindSpore BN vs element-wise BN) {floor[step]:.2e}")
         print(report)
-        assert gap < STEP_TOLERANCE[step], report
+        assert gap < _tolerance(step, floor[step]), report
 
 
 # ---------------------------------------------------------------- SyncBatchNorm2d itself, one process
