@@ -50,7 +50,7 @@ def _train(data_dir, out, model, size, ranks) -> list:
     for rank in range(ranks):
         raw = ms.load_checkpoint(glob.glob(os.path.join(out, "ckpt", f"*_rank{rank}-*.ckpt"))[0])
         states.append({n: v.asnumpy().astype(np.float64) for n, v in raw.items()
-                       if hasattr(v, "asnumpy") and n != "global_step"})
+                       if hasattr(v, "asnumpy") and n != "global_step" and not n.startswith("msdist_state.")})
     return states
 
 
