@@ -74,9 +74,9 @@ class _SyncBatchNormFunction(nn.Cell):
         _, mean, var, _ = out
         dy = dout[0]  # mean, var and count leave this cell only through stop_gradient
         invstd = ops.rsqrt(var + self.eps)
-        x_hat = (x - _per_channel(mean)) * _per_channel(invstd)
         sum_dy = dy.sum(axis=_STAT_AXES)
-        sum_dy_xhat = (dy * x_hat).sum(axis=_STAT_AXES)
+        # sum(dy * x_hat) = invstd * (sum(dy * x) - mean * sum(dy)): one full-size temporary, not x_hat's two.
+        sum_dy_xhat = invstd * ((dy * x).sum(axis=_STAT_AXES) - mean * sum_dy)
         n_local = ops.fill(ms.float32, (1,), float(x.shape[0] * x.shape[2] * x.shape[3]))
         totals = ops.concat((sum_dy, sum_dy_xhat, n_local))
         if self.all_reduce is not None:
@@ -85,7 +85,11 @@ class _SyncBatchNormFunction(nn.Cell):
         count = totals[2 * channels]
         mean_dy = totals[:channels] / count
         mean_dy_xhat = totals[channels:2 * channels] / count
-        dx = (dy - _per_channel(mean_dy) - x_hat * _per_channel(mean_dy_xhat)) * _per_channel(gamma * invstd)
+        # dx = gamma * invstd * (dy - mean_dy - x_hat * mean_dy_xhat), written per channel as a*dy + b*x + c.
+        a = gamma * invstd
+        b = -a * invstd * mean_dy_xhat
+        c = -a * mean_dy - b * mean
+        dx = _per_channel(a) * dy + (_per_channel(b) * x + _per_channel(c))
         # This rank's share of dgamma/dbeta: the data-parallel reducer averages them like any gradient.
         return dx, sum_dy_xhat, sum_dy
 

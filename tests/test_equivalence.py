@@ -155,11 +155,20 @@ def test_diverged_replicas_fail_loudly(data_dir, tmp_path):
 # ---------------------------------------------------------------- ResNet-18, tie-free images, with the control
 
 R18_STEPS = (1, 10)  # 16 training images, global batch 16: one step per epoch, a checkpoint after each
+# These 16 images are memorized within a few steps, and then the two single-card BatchNorms themselves drift
+# apart (measured control: 3.2e-6 after step 1; after step 10 6.0e-2 at lr 0.005 and 1.1e-1 at lr 0.0005, so
+# a smaller lr does not help; docs/equivalence.md). After step 1 the bound is absolute; after step 10 it is
+# 1e-4 or, where the control itself is further apart, twice the control.
+R18_LR = 0.005
 R18_SETUP = ("--model", "resnet18", "--image_size", 56, "--epochs", R18_STEPS[-1], "--save_every_epochs", 1,
              "--keep_checkpoint_max", R18_STEPS[-1], "--augment", "false", "--shuffle", "true",
-             "--deterministic", "true", "--lr", 0.005, "--lr_schedule", "constant", "--warmup_epochs", 0,
+             "--deterministic", "true", "--lr", R18_LR, "--lr_schedule", "constant", "--warmup_epochs", 0,
              "--batch_size", 16)
 STEP_TOLERANCE = {1: 1e-5, 10: 1e-4}
+
+
+def _tolerance(step: int, floor: float) -> float:
+    return STEP_TOLERANCE[step] if step == R18_STEPS[0] else max(STEP_TOLERANCE[step], 2 * floor)
 
 
 def _state_at(output_dir, rank: int, step: int) -> dict:
@@ -167,8 +176,7 @@ def _state_at(output_dir, rank: int, step: int) -> dict:
     found = glob.glob(os.path.join(str(output_dir), "ckpt", f"*_rank{rank}-{step}_*.ckpt"))
     assert len(found) == 1, found
     state = load_params(found[0], include_state=True)
-    state.pop("global_step")
-    return state
+    return {n: v for n, v in state.items() if n != "global_step" and not n.startswith("msdist_state.")}
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +195,7 @@ def r18(tmp_path_factory, data_dir):
             if not any(f"-{s}_" in os.path.basename(f) for s in R18_STEPS):
                 os.remove(f)
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU", deterministic="ON")
-    states = control.single_card_states(str(images), "resnet18", 56, 16, R18_STEPS, lr=0.005, seed=1)
+    states = control.single_card_states(str(images), "resnet18", 56, 16, R18_STEPS, lr=R18_LR, seed=1)
     floor = {s: worst_relative_gap(states["mindspore"][i], states["elementwise"][i]) for i, s in enumerate(R18_STEPS)}
     return root, floor
 
@@ -204,7 +212,7 @@ def test_resnet18_sync_bn_equals_single_card_next_to_the_floor(r18, ranks, step)
         report = (f"ResNet-18 56px tie-free, step {step}, {ranks} ranks (rank {rank}) vs 1 card: gap {gap:.2e}; "
                   f"1-card floor (MindSpore BN vs element-wise BN) {floor[step]:.2e}")
         print(report)
-        assert gap < STEP_TOLERANCE[step], report
+        assert gap < _tolerance(step, floor[step]), report
 
 
 # ---------------------------------------------------------------- SyncBatchNorm2d itself, one process
