@@ -44,6 +44,7 @@ def runs(tmp_path_factory, data_dir):
     return root
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name,ranks", [("2p_sync", 2), ("4p_sync", 4)])
 def test_sync_bn_data_parallel_equals_single_card(runs, name, ranks):
     single = _final_params(runs / "1p")
@@ -52,6 +53,7 @@ def test_sync_bn_data_parallel_equals_single_card(runs, name, ranks):
         assert gap < 1e-4, f"{name} rank {rank}: parameters differ from 1 card by {gap:.2e}"
 
 
+@pytest.mark.multiprocess
 def test_sync_bn_running_stats_identical_on_every_rank(runs):
     ranks = [load_params(checkpoints(runs / "4p_sync", r)[-1]) for r in range(4)]
     stats = [n for n in ranks[0] if "moving_" in n]
@@ -60,6 +62,7 @@ def test_sync_bn_running_stats_identical_on_every_rank(runs):
         assert all(np.array_equal(ranks[0][n], other[n]) for n in stats)
 
 
+@pytest.mark.multiprocess
 def test_plain_bn_data_parallel_differs_from_single_card(runs):
     """Without sync_bn each rank normalizes over its own 8 samples instead of the global 16, so the
     batch statistics, the gradients and hence the weights differ from single-card training: the
@@ -130,6 +133,7 @@ def test_real_pipeline_shards_rebuild_the_single_card_batches(data_dir):
         np.testing.assert_allclose(np.sort(key(together)), np.sort(key(single[s])), rtol=1e-6)
 
 
+@pytest.mark.multiprocess
 def test_diverged_replicas_fail_loudly(data_dir, tmp_path):
     """Ranks started with different seeds hold different initial weights: the start checksum catches it;
     replicas that drift apart later are caught by the checksum at the next checkpoint."""

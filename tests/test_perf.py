@@ -112,6 +112,7 @@ def mpirun_two_ranks(tmp_path_factory, data_dir):
     return out, proc.stdout
 
 
+@pytest.mark.multiprocess
 def test_two_local_ranks_get_one_thread_and_one_core_each(mpirun_two_ranks):
     out, stdout = mpirun_two_ranks
     if len(runtime.usable_cores()) != 2:
@@ -122,6 +123,7 @@ def test_two_local_ranks_get_one_thread_and_one_core_each(mpirun_two_ranks):
     assert re.findall(r"runtime:threadpool,nthr:(\d+)", stdout) == ["1", "1"]
 
 
+@pytest.mark.multiprocess
 def test_isa_choice_reaches_onednn_in_every_rank(mpirun_two_ranks):
     out, stdout = mpirun_two_ranks
     assert "oneDNN ISA AVX2 (option)" in _start_line(out, 1)
@@ -145,6 +147,7 @@ def test_compile_cache_key_changes_with_model_config_and_world_size(tmp_path):
     assert key not in others and len(others) == 5
 
 
+@pytest.mark.multiprocess
 def test_restart_reuses_the_compiled_train_step(tmp_path, data_dir):
     args = tiny_args(data_dir, tmp_path, "--max_steps", 2)
     run_msdist("train", args)
