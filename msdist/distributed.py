@@ -14,6 +14,7 @@ import ctypes
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -30,6 +31,7 @@ _logger = logging.getLogger(__name__)
 # What a rank's exception says when a collective could not complete because a peer is gone or stopped.
 _COLLECTIVE_FAILURE = re.compile(r"AllReduce|AllGather|ReduceScatter|Broadcast|[Cc]ollective|timed out")
 _VERDICT_GRACE_S = 5.0
+_SIGTERM_VERDICT_S = 8.0  # SIGTERM on rank 0: how long the scheduler may take to name a timed-out rank
 _LINGER_S = 2.0
 
 
@@ -89,6 +91,9 @@ class _ClusterBridge:
             threading.Thread(target=_fail_with_scheduler, args=(self.scheduler, log_path), name="msdist-scheduler-watch",
                              daemon=True).start()
             errors.add_crash_hook(self._await_scheduler_verdict)
+            # MindSpore ends a worker with SIGTERM once its cluster fails, often before the scheduler has
+            # said which rank it timed out; without this handler that SIGTERM kills rank 0 silently.
+            signal.signal(signal.SIGTERM, self._verdict_then_exit)
         os.environ.update(cluster.cluster_env(host, port, launch.world_size), MS_ROLE="MS_WORKER",
                           MS_NODE_ID=str(launch.rank))
         cluster.wait_until_listening(host, port)
@@ -96,13 +101,24 @@ class _ClusterBridge:
     def _await_scheduler_verdict(self, error: Exception) -> None:
         """A collective failed on rank 0: MindSpore's scheduler is about to name the rank it timed out
         (then _fail_with_scheduler reports it and ends this process), so give it that long."""
-        if not _COLLECTIVE_FAILURE.search(str(error)):
-            return
+        if _COLLECTIVE_FAILURE.search(str(error)):
+            self._wait_for_verdict(cluster.node_timeout_s(os.environ) + _VERDICT_GRACE_S, _VERDICT_GRACE_S)
+
+    def _wait_for_verdict(self, timeout_s: float, linger_s: float) -> None:
         try:
-            self.scheduler.wait(timeout=cluster.node_timeout_s(os.environ) + _VERDICT_GRACE_S)
+            self.scheduler.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return
-        time.sleep(_VERDICT_GRACE_S)  # the watcher thread prints and exits the process meanwhile
+        time.sleep(linger_s)  # the watcher thread prints and exits the process meanwhile
+
+    def _verdict_then_exit(self, signum, _frame) -> None:
+        """SIGTERM on rank 0 (from MindSpore's failing cluster, or from mpirun): if the scheduler is about to
+        name a timed-out rank, let the watcher thread print that first; then end as SIGTERM would."""
+        if self.scheduler.poll() is None or self.scheduler.returncode != 0:
+            # Bounded: the scheduler gives its verdict within seconds of a timeout; a SIGTERM from mpirun
+            # for another reason must still end this rank promptly.
+            self._wait_for_verdict(_SIGTERM_VERDICT_S, linger_s=1.0)
+        os._exit(128 + signum)  # pylint: disable=protected-access
 
     def joined(self) -> None:
         """Every worker has registered, so nobody needs the rendezvous file any more."""
@@ -121,7 +137,12 @@ def _fail_with_scheduler(proc, log_path: str) -> None:
     if code == 0:
         return
     verdict = cluster.scheduler_verdict(log_path)
-    cause = cluster.describe_timeout(verdict) or verdict or f"MindSpore's scheduler exited with code {code}"
+    cause = cluster.describe_timeout(verdict)
+    if not cause:
+        # Not a timed-out rank: a rank that failed says why itself, and so does this one if its collectives
+        # fail; a second, vaguer line here would only bury that one.
+        _logger.warning("MindSpore's scheduler exited with code %s: %s", code, verdict)
+        return
     print(f"msdist: job failed: {cause} (scheduler log: {log_path})", file=sys.stderr, flush=True)
     os._exit(1)  # pylint: disable=protected-access
 
