@@ -14,7 +14,9 @@ import tempfile
 from msdist import cluster, config, distributed, runtime, startup
 from msdist.errors import cli_main
 
-CHECK_OPTIONS = [o for o in config.TRAIN_OPTIONS if o.name in ("device_target", "cpu_isa", "bind_cores", "verbose")]
+# The runtime options every start-up reads (startup.start/join), so check runs exactly as training would.
+CHECK_OPTIONS = [o for o in config.TRAIN_OPTIONS
+                 if o.name in ("device_target", "cpu_isa", "bind_cores", "verbose", "deterministic")]
 
 
 @cli_main

@@ -114,9 +114,8 @@ def start(argv=None, *, options: Sequence[config.Option] = config.TRAIN_OPTIONS,
     with alike_on_every_rank():  # the same options and files on every rank: one rank per host reports
         cfg = config.parse(argv, options, prog=prog)
     run_checks(cfg, launch.world_size, checks)
-    rt = runtime.prepare(getattr(cfg, "verbose", False), getattr(cfg, "cpu_isa", "auto"), launch.local_world_size,
-                         local_rank=launch.local_rank, rank=launch.rank,
-                         bind_cores=getattr(cfg, "bind_cores", True),
+    rt = runtime.prepare(cfg.verbose, cfg.cpu_isa, launch.local_world_size, local_rank=launch.local_rank,
+                         rank=launch.rank, bind_cores=cfg.bind_cores,
                          compile_cache=_compile_cache(cfg, launch.world_size) if compile_cache else "",
                          device_target=cfg.device_target)
     return Started(cfg, launch, rt)
@@ -132,8 +131,7 @@ def join(started: Started, log_dir: str, log_name: str = "rank") -> Tuple[distri
     """
     from msdist import monitor
     cfg = started.cfg
-    dist = distributed.init(started.launch, getattr(cfg, "device_target", "auto"), log_dir,
-                            getattr(cfg, "deterministic", False))
+    dist = distributed.init(started.launch, cfg.device_target, log_dir, cfg.deterministic)
     runtime.configure_mindspore(started.rt)
     monitor.setup_logging(log_dir, dist.rank, console=dist.is_main, name=log_name)
     return dist, distributed.Collectives(dist.world_size)
