@@ -28,7 +28,7 @@ import tempfile
 import time
 import zlib
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from msdist.errors import ConfigError
 from msdist.files import atomic_write_text
@@ -476,6 +476,26 @@ def describe_timeout(verdict: str) -> str:
 def node_timeout_s(env: Mapping[str, str]) -> float:
     """MindSpore's scheduler-worker heartbeat timeout: MS_NODE_TIMEOUT, 30 s by default."""
     return float(_int_env(env, "MS_NODE_TIMEOUT", _MS_NODE_TIMEOUT_DEFAULT_S))
+
+
+# A rank reaches its first collective after compiling its step; the slowest rank may still be compiling
+# minutes later (ResNet-50 with SyncBN: 95 s on a loaded 2-core host, more for bigger graphs).
+COLLECTIVE_WAIT_S = 900
+
+
+def collective_wait_env(env: Mapping[str, str], device: str) -> Dict[str, str]:
+    """What a CPU worker sets in its own environment after joining the cluster, so that a collective
+    waits for a peer that is still compiling instead of failing the job.
+
+    MindSpore's CPU collectives (mccl) wait for a peer only MS_NODE_TIMEOUT seconds, read when the
+    first collective runs; the same variable is the scheduler's heartbeat timeout, which must stay
+    short to detect a dead rank. The scheduler is a separate process that keeps the user's value, so
+    raising it in the worker after init() changes only the collective wait. NCCL ignores it.
+    """
+    unbounded = env.get("MS_NODE_TIMEOUT", "").strip().startswith("-")  # MindSpore: a negative value waits forever
+    if device != "CPU" or unbounded or node_timeout_s(env) >= COLLECTIVE_WAIT_S:
+        return {}
+    return {"MS_NODE_TIMEOUT": str(COLLECTIVE_WAIT_S)}
 
 
 def rank_label(env: Mapping[str, str]) -> str:

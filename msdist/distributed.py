@@ -72,6 +72,7 @@ class _ClusterBridge:
     def __init__(self, launch: LaunchEnv, log_dir: str):
         self.launch = launch
         self.scheduler = None
+        self.heartbeat_timeout_s = cluster.node_timeout_s(os.environ)  # before init() raises it for collectives
         self.published = False
         host, port = cluster.bridge_address(launch, os.environ)
         host = cluster.resolve_host(host, "MS_SCHED_HOST" if "MS_SCHED_HOST" in os.environ else "the scheduler host")
@@ -102,7 +103,7 @@ class _ClusterBridge:
         """A collective failed on rank 0: MindSpore's scheduler is about to name the rank it timed out
         (then _fail_with_scheduler reports it and ends this process), so give it that long."""
         if _COLLECTIVE_FAILURE.search(str(error)):
-            self._wait_for_verdict(cluster.node_timeout_s(os.environ) + _VERDICT_GRACE_S, _VERDICT_GRACE_S)
+            self._wait_for_verdict(self.heartbeat_timeout_s + _VERDICT_GRACE_S, _VERDICT_GRACE_S)
 
     def _wait_for_verdict(self, timeout_s: float, linger_s: float) -> None:
         try:
@@ -180,6 +181,7 @@ def init(launch: LaunchEnv, device_target: str, log_dir: str, deterministic: boo
     elif "MS_SCHED_HOST" in os.environ:  # set by hand or by a job spec: MindSpore itself takes only an IP
         os.environ["MS_SCHED_HOST"] = cluster.resolve_host(os.environ["MS_SCHED_HOST"], "MS_SCHED_HOST")
     comm_init(backend)
+    os.environ.update(cluster.collective_wait_env(os.environ, device))  # before the first collective reads it
     if _BRIDGE is not None:
         _BRIDGE.joined()
     rank, world = get_rank(), get_group_size()

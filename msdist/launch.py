@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from msdist import cluster, config, heartbeat, startup
-from msdist.errors import ConfigError, cli_main
+from msdist.errors import ConfigError, cli_main, first_line
 from msdist.files import atomic_write_text
 
 _POLL_S = 0.5
@@ -250,7 +250,14 @@ def traceback_tail(log_offsets: Dict[str, int]) -> List[str]:
             block = lines[starts[-1]:]
             # End at the exception line: MindSpore appends pages of graph source after it.
             ends = [i for i, line in enumerate(block) if _EXCEPTION_LINE.match(line)]
-            return block[:ends[-1] + 1 if ends else len(block)][-_TRACEBACK_LINES:]
+            if not ends:
+                return block[-_TRACEBACK_LINES:]
+            end = ends[-1]
+            exception = block[end]
+            if exception.rstrip().endswith(":"):
+                # MindSpore's RuntimeError puts its message below rulers and a heading: bring it up.
+                exception = exception.rstrip() + " " + first_line("\n".join(block[end + 1:end + 12]))
+            return [*block[:end], exception][-_TRACEBACK_LINES:]
         errors = [line for line in lines if " ERROR " in line or line.startswith("msdist: error")]
         if errors:
             return errors[-1:]

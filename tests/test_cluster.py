@@ -249,6 +249,15 @@ def test_crash_line_skips_mindspores_rulers_and_names_the_rank():
     assert cluster.node_timeout_s({}) == 30 and cluster.node_timeout_s({"MS_NODE_TIMEOUT": "10"}) == 10
 
 
+def test_cpu_workers_wait_in_collectives_longer_than_the_heartbeat_timeout():
+    wait = {"MS_NODE_TIMEOUT": str(cluster.COLLECTIVE_WAIT_S)}
+    assert cluster.collective_wait_env({}, "CPU") == wait
+    assert cluster.collective_wait_env({"MS_NODE_TIMEOUT": "6"}, "CPU") == wait
+    assert cluster.collective_wait_env({"MS_NODE_TIMEOUT": "3600"}, "CPU") == {}   # the user's longer wait stands
+    assert cluster.collective_wait_env({"MS_NODE_TIMEOUT": "-1"}, "CPU") == {}     # MindSpore: wait forever
+    assert cluster.collective_wait_env({}, "GPU") == {}                             # NCCL does not read it
+
+
 def test_established_connections_counts_open_connections_to_a_port():
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))

@@ -238,6 +238,14 @@ def test_traceback_tail_ends_at_the_exception_line(tmp_path):
     assert launch.traceback_tail({str(log): 0})[-1] == "RuntimeError: Miss argument"
 
 
+def test_traceback_tail_brings_up_a_message_mindspore_put_below_rulers(tmp_path):
+    log = tmp_path / "rank_1.log"
+    log.write_text("Traceback (most recent call last):\n  File z\nRuntimeError: \n" + "-" * 52 + "\n"
+                   "- Framework Unexpected Exception Raised:\n" + "-" * 52 + "\n"
+                   "Collective AllReduce failed: node 0 is down\n\n- C++ Call Stack: (For framework developers)\n")
+    assert launch.traceback_tail({str(log): 0})[-1] == "RuntimeError: Collective AllReduce failed: node 0 is down"
+
+
 def test_first_cause_prefers_a_dead_rank_then_the_longest_silent():
     beat = {"epoch": 1, "step": 3, "global_step": 3}
     stalled_late = launch.Failure(0, "stalled", dict(beat, time=200.0), stalled=True, silent_since=200.0)

@@ -106,3 +106,33 @@ def test_mpirun_failed_rank_is_named(tmp_path):
     assert proc.returncode != 0
     last = _last_msdist_line(proc.stderr)
     assert "RuntimeError: injected fault on rank 1" in last and "(rank 1)" in last, proc.stderr[-3000:]
+
+
+_LATE_RANK = """
+import os, sys, time
+from msdist import cluster, distributed
+dist = distributed.init(cluster.detect_launch(), "CPU", sys.argv[1])
+if dist.rank == 1:
+    time.sleep(12)  # still compiling, as far as rank 0 can tell
+total = distributed.Collectives(dist.world_size).sum([float(dist.rank + 1)])[0]
+print(f"rank {dist.rank} sum {total:g}", flush=True)
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_collective_waits_for_a_rank_still_compiling_longer_than_ms_node_timeout(tmp_path):
+    """MindSpore's CPU collectives wait for a peer only MS_NODE_TIMEOUT s; a rank that compiles 12 s longer
+    than another (MS_NODE_TIMEOUT=6, kept short for the scheduler's dead-rank detection) must not fail the job.
+    Two srun-style ranks (msdist's cluster bridge: rank 0 starts the scheduler), real MindSpore processes."""
+    port = str(_free_port())
+    procs = []
+    for rank in (0, 1):
+        env = {**base_env(), "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "1", "SLURM_NTASKS": "2", "SLURM_PROCID": str(rank),
+               "SLURM_LOCALID": str(rank), "SLURM_NTASKS_PER_NODE": "2", "MS_SCHED_HOST": "127.0.0.1",
+               "MS_SCHED_PORT": port, "MS_NODE_TIMEOUT": "6"}
+        procs.append(subprocess.Popen([sys.executable, "-c", _LATE_RANK, str(tmp_path)], cwd=str(tmp_path), env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=RUN_LIMIT_S)[0] for p in procs]
+    for rank, (proc, output) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0, output[-3000:]
+        assert f"rank {rank} sum 3" in output, output[-3000:]
