@@ -1,7 +1,8 @@
 """Accuracy parity: 1, 2 and 4 data-parallel processes, with and without sync_bn, one global batch.
 
     python benchmarks/accuracy_parity.py [--data_dir ../shared/data/fruits360-4] [--epochs 2] [--model resnet18]
-    python benchmarks/accuracy_parity.py --image_size 32 --epochs 1 --batch_size 8 --ranks 4 --seeds 1,2,3
+    python benchmarks/accuracy_parity.py --image_size 32 --epochs 1 --warmup_epochs 0 --lr 0.02 --batch_size 8 \
+        --ranks 4 --seeds 1,2,3
 
 Every run trains the same model on the same data for the same number of epochs at the same global
 batch; only the process count and sync_bn change. With several seeds it prints the mean and the
@@ -27,6 +28,9 @@ def run(ranks: int, sync_bn: bool, seed: int, args, out_root: str) -> dict:
            "--data_dir", args.data_dir, "--output_dir", out, "--model", args.model, "--image_size",
            str(args.image_size), "--epochs", str(args.epochs), "--batch_size", str(args.batch_size),
            "--sync_bn", str(sync_bn).lower(), "--log_every", "1000", "--seed", str(seed)]
+    for name in ("warmup_epochs", "lr"):  # the config's unless given
+        if getattr(args, name) is not None:
+            cmd += [f"--{name}", str(getattr(args, name))]
     if ranks > 1:
         cmd = ["mpirun", "-n", str(ranks), "--oversubscribe"] + cmd
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -60,6 +64,9 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=32, help="global batch")
     parser.add_argument("--ranks", default="2,4", help="process counts compared with 1, e.g. 4")
     parser.add_argument("--seeds", default="1", help="comma-separated seeds; each configuration runs once per seed")
+    parser.add_argument("--warmup_epochs", type=int, default=None,
+                        help="default: the config's (1); with --epochs 1 pass 0, or the run ends at the peak lr")
+    parser.add_argument("--lr", type=float, default=None, help="default: the config's (0.05, for global batch 32)")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     configs = [(1, False)] + [(int(n), sync) for n in args.ranks.split(",") for sync in (False, True)]

@@ -11,6 +11,11 @@ same two collectives as PyTorch's SyncBatchNorm:
 - backward (explicit, not derived by autodiff): one AllReduce of [sum(dy), sum(dy * x_hat), count],
   then the element-wise BatchNorm gradient with the global means of both sums.
 
+Every per-channel affine map of a full-size tensor (centering x, forming dx) goes through MindSpore's
+fused inference BatchNorm kernel: one output tensor. Written as broadcast `a * t + b`, each layer kept
+several full-size temporaries alive across the step (ResNet-50, 100 px, batch 16: 4.4 GB vs 1.5 GB
+for nn.BatchNorm2d; with the fused kernel 2.0 GB).
+
 Without sync_bn, `unify_bn_stats` makes the per-rank running statistics one model (`--dist_bn`).
 """
 import logging
@@ -21,10 +26,6 @@ from mindspore import Parameter, nn, ops
 _logger = logging.getLogger(__name__)
 _STAT_AXES = (0, 2, 3)
 DIST_BN_MODES = ("reduce", "broadcast", "none")
-
-
-def _per_channel(v):
-    return v.reshape((1, -1, 1, 1))
 
 
 class _SyncBatchNormFunction(nn.Cell):
@@ -40,8 +41,13 @@ class _SyncBatchNormFunction(nn.Cell):
         self.world_size = world_size
         self.gather = ops.AllGather() if world_size > 1 else None
         self.all_reduce = ops.AllReduce() if world_size > 1 else None
-        # The affine part after the statistics is MindSpore's fused inference-mode BatchNorm kernel.
         self.normalize = ops.BatchNorm(is_training=False, epsilon=eps)
+
+    def affine(self, t, scale, shift):
+        """scale * t + shift per channel, in one fused kernel (see the module docstring)."""
+        zero = ops.fill(ms.float32, scale.shape, 0.0)
+        unit = ops.fill(ms.float32, scale.shape, 1.0 - self.eps)  # the kernel divides by sqrt(unit + eps) = 1
+        return self.normalize(t, scale, shift, zero, unit)[0]
 
     def add_flags_recursive(self, **flags):
         # auto_mixed_precision O3 flags every cell float16; the global statistics stay float32
@@ -53,8 +59,10 @@ class _SyncBatchNormFunction(nn.Cell):
     def construct(self, x, gamma, beta):
         n_local = x.shape[0] * x.shape[2] * x.shape[3]
         mean_local = x.mean(axis=_STAT_AXES)
-        m2_local = ops.square(x - _per_channel(mean_local)).sum(axis=_STAT_AXES)
-        count_local = ops.fill(ms.float32, mean_local.shape, float(n_local))
+        ones = ops.fill(ms.float32, mean_local.shape, 1.0)
+        # Two-pass: the sum of squares of the centred values, no E[x^2] - E[x]^2 cancellation.
+        m2_local = ops.square(self.affine(x, ones, -mean_local)).sum(axis=_STAT_AXES)
+        count_local = ones * float(n_local)
         local = ops.stack((count_local, mean_local, m2_local))
         if self.gather is None:
             count, mean, var = count_local[0], mean_local, m2_local / n_local
@@ -89,7 +97,7 @@ class _SyncBatchNormFunction(nn.Cell):
         a = gamma * invstd
         b = -a * invstd * mean_dy_xhat
         c = -a * mean_dy - b * mean
-        dx = _per_channel(a) * dy + (_per_channel(b) * x + _per_channel(c))
+        dx = self.affine(dy, a, ops.fill(ms.float32, a.shape, 0.0)) + self.affine(x, b, c)
         # This rank's share of dgamma/dbeta: the data-parallel reducer averages them like any gradient.
         return dx, sum_dy_xhat, sum_dy
 
