@@ -27,9 +27,12 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from msdist.checkpoint import TRAINING_STATE_PREFIXES  # noqa: E402  (after the path insert)
 DATA_DIR = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "fruits360-4"))
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 GLOBAL_BATCH, LR, SEED = 16, 0.005, 1
+# Compared: parameters and gradient moments (what msdist.control keeps); not the step count or loss scale.
+OTHER_STATE = tuple(p for p in TRAINING_STATE_PREFIXES if p != "moments.") + ("msdist_state.",)
 
 
 def _gap(a: dict, b: dict) -> float:
@@ -50,7 +53,7 @@ def _train(data_dir, out, model, size, ranks) -> list:
     for rank in range(ranks):
         raw = ms.load_checkpoint(glob.glob(os.path.join(out, "ckpt", f"*_rank{rank}-*.ckpt"))[0])
         states.append({n: v.asnumpy().astype(np.float64) for n, v in raw.items()
-                       if hasattr(v, "asnumpy") and n != "global_step" and not n.startswith("msdist_state.")})
+                       if hasattr(v, "asnumpy") and not n.startswith(OTHER_STATE)})
     return states
 
 
@@ -106,8 +109,9 @@ def measure(subset: str, model: str, size: int, ranks: int, root: str) -> dict:
     import mindspore as ms
 
     from msdist import control
-    single = _train(subset, os.path.join(root, f"{model}{size}_1p"), model, size, 1)[0]
-    gaps = [_gap(single, s) for s in _train(subset, os.path.join(root, f"{model}{size}_{ranks}p"), model, size, ranks)]
+    run = os.path.join(root, f"{os.path.basename(subset)}_{model}{size}")
+    single = _train(subset, f"{run}_1p", model, size, 1)[0]
+    gaps = [_gap(single, s) for s in _train(subset, f"{run}_{ranks}p", model, size, ranks)]
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU", deterministic="ON")
     states = control.single_card_states(subset, model, size, GLOBAL_BATCH, (1,), lr=LR, seed=SEED)
     floor = _gap(states["mindspore"][0], states["elementwise"][0])
@@ -121,6 +125,7 @@ def main() -> int:
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--sizes", default="64", help="comma-separated image sizes, e.g. 64,96")
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--subsets", default="plain,noise", help="plain (the photos) and/or noise (tie-free copies)")
     parser.add_argument("--per_class", type=int, default=0, help="training images per class (0 = one global "
                         "batch of 16 over the classes)")
     args = parser.parse_args()
@@ -134,6 +139,8 @@ def main() -> int:
     root = tempfile.mkdtemp(prefix="msdist-equivalence-")
     rows = {}
     for name, noise in (("plain", 0), ("noise", 8)):
+        if name not in args.subsets.split(","):
+            continue
         subset = os.path.join(root, name)
         synth.tie_free_copy(args.data_dir, subset, per_class={"Training": per_class, "Test": 1}, noise=noise)
         for size in map(int, args.sizes.split(",")):
