@@ -27,12 +27,15 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from msdist.checkpoint import TRAINING_STATE_PREFIXES  # noqa: E402  (after the path insert)
+from msdist.checkpoint import is_training_state  # noqa: E402  (after the path insert)
 DATA_DIR = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "fruits360-4"))
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 GLOBAL_BATCH, LR, SEED = 16, 0.005, 1
-# Compared: parameters and gradient moments (what msdist.control keeps); not the step count or loss scale.
-OTHER_STATE = tuple(p for p in TRAINING_STATE_PREFIXES if p != "moments.") + ("msdist_state.",)
+
+
+def _compared(name: str) -> bool:
+    """Parameters and gradient moments (what msdist.control keeps); not the step count or loss scale."""
+    return name.startswith("moments.") or not (is_training_state(name) or name.startswith("msdist_state."))
 
 
 def _gap(a: dict, b: dict) -> float:
@@ -53,7 +56,7 @@ def _train(data_dir, out, model, size, ranks) -> list:
     for rank in range(ranks):
         raw = ms.load_checkpoint(glob.glob(os.path.join(out, "ckpt", f"*_rank{rank}-*.ckpt"))[0])
         states.append({n: v.asnumpy().astype(np.float64) for n, v in raw.items()
-                       if hasattr(v, "asnumpy") and not n.startswith(OTHER_STATE)})
+                       if hasattr(v, "asnumpy") and _compared(n)})
     return states
 
 
