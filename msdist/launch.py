@@ -36,6 +36,9 @@ _POLL_S = 0.5
 _TERM_GRACE_S = 4.0            # SIGTERM -> SIGKILL; keeps "all stopped" well under 15 s
 _PORT_RELEASE_S = 30.0         # an explicit port must come free again before a restart
 _SCHEDULER_VERDICT_S = 2.0     # how long a failed attempt waits for the scheduler's own account
+# MindSpore SIGTERMs the ranks of a broken cluster as soon as it times a node out, but its scheduler
+# checks its nodes and exits only every 5 s (meta_server_node.cc Finalize): wait for that verdict longer.
+_SCHEDULER_VERDICT_AFTER_SIGTERM_S = 8.0
 _RESOLVE_RETRY_S = 10.0        # nodes > 0: node 0's host name may appear in DNS a little after they start
 _TRACEBACK_LINES = 12
 _USER_ERROR_EXIT = 2             # msdist.errors.cli_main's status for a UserError
@@ -334,7 +337,8 @@ def _with_cluster_cause(failure: Failure, scheduler: Optional[subprocess.Popen],
     if scheduler is None or failure.rank is None or failure.how == "killed by SIGKILL":
         return failure  # a SIGKILLed rank is the cause itself (MindSpore ends ranks of a broken cluster by SIGTERM)
     try:
-        scheduler.wait(timeout=_SCHEDULER_VERDICT_S)
+        scheduler.wait(timeout=_SCHEDULER_VERDICT_AFTER_SIGTERM_S if failure.how == "killed by SIGTERM"
+                       else _SCHEDULER_VERDICT_S)
     except subprocess.TimeoutExpired:
         return failure
     cause = cluster.describe_timeout(cluster.scheduler_verdict(os.path.join(log_dir, "scheduler.log")))

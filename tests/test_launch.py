@@ -255,6 +255,18 @@ def test_first_cause_prefers_a_dead_rank_then_the_longest_silent():
     assert launch._first_cause([stalled_late, dead, stalled_early]).rank == 2
 
 
+def test_a_rank_sigtermed_by_the_cluster_is_reported_with_the_rank_the_scheduler_timed_out(tmp_path):
+    # MindSpore SIGTERMs the live ranks as soon as it times a node out, but its scheduler writes its
+    # verdict and exits up to 5 s later (it checks its nodes every 5 s): the launcher must wait for it.
+    log = tmp_path / "scheduler.log"
+    verdict = ("msdist.scheduler: MindSpore's scheduler failed: The total number of timed out node is 1. "
+               "Timed out node list is: [const vector]{1}, worker 1 is the first one timed out, please check its log.")
+    scheduler = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(5); "
+                                  "open(sys.argv[1], 'a').write(sys.argv[2] + '\\n')", str(log), verdict])
+    failure = launch._with_cluster_cause(launch.Failure(0, "killed by SIGTERM"), scheduler, str(tmp_path))
+    assert failure.how.startswith("killed by SIGTERM, after rank 1 stopped responding"), failure.how
+
+
 @pytest.mark.multiprocess
 def test_stall_limit_is_startup_timeout_until_the_first_step(tmp_path):
     plan = launch.parse_args(["-n", "1", "--heartbeat_timeout", "10", "--startup_timeout", "600",
