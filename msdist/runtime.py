@@ -11,6 +11,8 @@ Two phases, because MindSpore and oneDNN read some settings once, when their lib
 Every entry point calls `prepare()` first, under mpirun, msdist.launch and standalone alike.
 """
 import contextlib
+import ctypes
+import gc
 import hashlib
 import logging
 import os
@@ -210,6 +212,19 @@ def compile_cache_scope(rt: RuntimeInfo):
         yield
     finally:
         ms.set_context(enable_compile_cache=False)
+
+
+def release_compile_memory() -> None:
+    """Give the memory MindSpore's compiler freed back to the OS before training allocates its own.
+
+    glibc keeps freed heap pages, so without this the compiler's transient peak stays resident and
+    the step's activations come on top of it (ResNet-50 with sync_bn, 100 px: 120 MB per rank).
+    """
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
 
 
 def exit_without_teardown(code: int) -> int:

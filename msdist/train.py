@@ -156,6 +156,7 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
                                               data.regularization.soft_labels))
     compile_seconds = time.perf_counter() - compile_start
     _logger.info("train step compiled in %.1f s", compile_seconds)
+    runtime.release_compile_memory()
     # Error-feedback residuals are per-rank state an exact resume needs, like the optimizer's.
     train_state = list(optimizer.moments) + [optimizer.global_step] + comm.residuals(reducer) + \
         loss_scale.state_params(scaler)
