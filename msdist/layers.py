@@ -81,8 +81,8 @@ class _GlobalMoments(_Float32Cell):
 
     def construct(self, x):
         n_local = x.shape[0] * x.shape[2] * x.shape[3]
-        # The forward statistics keep MindSpore's ReduceSum: their rounding decides which
-        # pre-activations near zero pass the next ReLU, so they stay as 1, 2 and 4 ranks were verified.
+        # ReduceSum, not _channel_sums: the forward statistics' rounding decides which pre-activations
+        # near zero pass the next ReLU; the matrix-product sum flipped one on ResNet-18 with 4 ranks.
         mean_local = x.mean(axis=_STAT_AXES)
         # Two-pass: the sum of squares of the centred values, no E[x^2] - E[x]^2 cancellation.
         m2_local = ops.square(_affine(self.normalize, self.eps, x, ops.ones_like(mean_local), -mean_local)).sum(
@@ -176,8 +176,8 @@ class SyncBatchNorm2d(nn.BatchNorm2d):
         if not self.training:
             return self.inference(x, self.gamma, self.beta, self.moving_mean, self.moving_variance)[0]
         x32 = ops.cast(x, ms.float32)
-        # Autodiff must not enter the statistics at all: it would add the AllGather's backward, a
-        # collective that can run concurrently with another branch's and be matched with it.
+        # Autodiff must not enter the statistics: the normalization's bprop already carries their
+        # gradient, and differentiating them would add the AllGather's backward, one more collective.
         mean, var, count = ops.stop_gradient(self.moments(x32))
         y = self.sync_normalize(x32, ops.cast(self.gamma, ms.float32), ops.cast(self.beta, ms.float32), mean, var)
         unbiased = var * count / ops.maximum(count - 1.0, 1.0)
