@@ -50,34 +50,36 @@ def _channel_dots(t, u):
     return ops.bmm(t.reshape((n * c, 1, h * w)), u.reshape((n * c, h * w, 1))).reshape((n, c)).sum(axis=0)
 
 
-def _affine(inference_bn, eps, t, scale, shift):
-    """scale * t + shift per channel, in MindSpore's fused inference BatchNorm kernel (see the module
-    docstring); inference_bn is an ops.BatchNorm(is_training=False, epsilon=eps)."""
-    zero = ops.zeros_like(scale)
-    unit = ops.fill(ms.float32, scale.shape, 1.0 - eps)  # the kernel divides by sqrt(unit + eps) = 1
-    return inference_bn(t, scale, shift, zero, unit)[0]
+class _BatchNormMath(nn.Cell):
+    """What both halves of SyncBatchNorm2d share: eps, MindSpore's fused inference BatchNorm kernel,
+    and float32 always (auto_mixed_precision O3 flags every cell float16, but a float16 sum of squares
+    over the global batch overflows)."""
 
-
-class _Float32Cell(nn.Cell):
-    """A cell that stays float32: auto_mixed_precision O3 flags every cell float16, but the global
-    statistics must not be (a float16 sum of squares over the global batch overflows)."""
+    def __init__(self, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.normalize = ops.BatchNorm(is_training=False, epsilon=eps)
 
     def add_flags_recursive(self, **flags):
         if flags.get("fp16") or flags.get("bf16"):
             flags = dict(flags, fp16=False, bf16=False, fp32=True)
         return super().add_flags_recursive(**flags)
 
+    def affine(self, t, scale, shift):
+        """scale * t + shift per channel, in the fused kernel: one output tensor (see the module docstring)."""
+        zero = ops.zeros_like(scale)
+        unit = ops.fill(ms.float32, scale.shape, 1.0 - self.eps)  # the kernel divides by sqrt(unit + eps) = 1
+        return self.normalize(t, scale, shift, zero, unit)[0]
 
-class _GlobalMoments(_Float32Cell):
+
+class _GlobalMoments(_BatchNormMath):
     """x -> (mean, biased var, count) per channel over the batch of all ranks. Not differentiated:
     `_SyncNormalize.bprop` carries the gradient through the statistics."""
 
     def __init__(self, eps: float, world_size: int):
-        super().__init__()
-        self.eps = eps
+        super().__init__(eps)
         self.world_size = world_size
         self.gather = ops.AllGather() if world_size > 1 else None
-        self.normalize = ops.BatchNorm(is_training=False, epsilon=eps)
 
     def construct(self, x):
         n_local = x.shape[0] * x.shape[2] * x.shape[3]
@@ -85,8 +87,7 @@ class _GlobalMoments(_Float32Cell):
         # near zero pass the next ReLU; the matrix-product sum flipped one on ResNet-18 with 4 ranks.
         mean_local = x.mean(axis=_STAT_AXES)
         # Two-pass: the sum of squares of the centred values, no E[x^2] - E[x]^2 cancellation.
-        m2_local = ops.square(_affine(self.normalize, self.eps, x, ops.ones_like(mean_local), -mean_local)).sum(
-            axis=_STAT_AXES)
+        m2_local = ops.square(self.affine(x, ops.ones_like(mean_local), -mean_local)).sum(axis=_STAT_AXES)
         count_local = ops.fill(ms.float32, mean_local.shape, float(n_local))
         if self.gather is None:
             return mean_local, m2_local / n_local, count_local[0]
@@ -100,7 +101,7 @@ class _GlobalMoments(_Float32Cell):
         return mean, m2 / count, count[0]
 
 
-class _SyncNormalize(_Float32Cell):
+class _SyncNormalize(_BatchNormMath):
     """(x, gamma, beta, global mean, global var) -> y, with the gradient of BatchNorm over all ranks.
 
     Holds no Parameters: a custom `bprop` returns gradients for its inputs only, so gamma and beta
@@ -110,16 +111,13 @@ class _SyncNormalize(_Float32Cell):
     """
 
     def __init__(self, eps: float, world_size: int):
-        super().__init__()
-        self.eps = eps
+        super().__init__(eps)
         self.all_reduce = ops.AllReduce() if world_size > 1 else None
-        self.normalize = ops.BatchNorm(is_training=False, epsilon=eps)
 
     def construct(self, x, gamma, beta, mean, var):
         return self.normalize(x, gamma, beta, mean, var)[0]
 
-    def bprop(self, x, gamma, beta, mean, var, out, dout):  # pylint: disable=unused-argument
-        dy = dout
+    def bprop(self, x, gamma, beta, mean, var, out, dy):  # pylint: disable=unused-argument
         invstd = ops.rsqrt(var + self.eps)
         sum_dy = _channel_sums(dy)
         # sum(dy * x_hat) = invstd * (sum(dy * x) - mean * sum(dy)): no full-size temporary at all.
@@ -136,7 +134,7 @@ class _SyncNormalize(_Float32Cell):
         a = gamma * invstd
         b = -a * invstd * mean_dy_xhat
         c = -a * mean_dy - b * mean
-        dx = _affine(self.normalize, self.eps, dy, a, ops.zeros_like(a)) + _affine(self.normalize, self.eps, x, b, c)
+        dx = self.affine(dy, a, ops.zeros_like(a)) + self.affine(x, b, c)
         # This rank's share of dgamma/dbeta: the data-parallel reducer averages them like any gradient.
         # The statistics get none: their effect on x's gradient is already in dx.
         return dx, sum_dy_xhat, sum_dy, ops.zeros_like(mean), ops.zeros_like(var)
