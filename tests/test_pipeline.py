@@ -18,13 +18,16 @@ def _copy_tree(data_dir, tmp_path):
     return root
 
 
-def _reference_batch(files, image_size):
-    """Decode, resize, normalize each file on its own (eager MindSpore ops): what the pipeline must give."""
+def _reference_batch(files, image_size, crops=None, padding=0):
+    """Decode, resize, (zero-pad, crop, flip by `crops`), normalize each file on its own (eager MindSpore ops):
+    what the pipeline must give."""
     from mindspore.dataset import vision
     out = []
-    for path in files:
+    for i, path in enumerate(files):
         image = vision.Decode()(np.fromfile(path, dtype=np.uint8))
         image = vision.Resize((image_size, image_size))(image)
+        if crops is not None:
+            image = pad_crop_flip(image, crops[i], padding)
         out.append(vision.HWC2CHW()(vision.Normalize(pipeline.MEAN, pipeline.STD)(image)))
     return np.stack(out)
 
@@ -48,6 +51,19 @@ def test_batch_crop_flip_equals_the_per_image_reference():
     expected = np.stack([pad_crop_flip(x, p, 3) for x, p in zip(images, params)]).transpose(0, 3, 1, 2)
     got = augment.pad_crop_flip_batch(np.ascontiguousarray(images.transpose(0, 3, 1, 2)), params, 3)
     np.testing.assert_array_equal(got, expected)
+
+
+def test_augmented_batch_is_the_per_image_crop_of_the_zero_padded_image_normalized(mini_split):
+    """The chain normalizes before it crops, so its padding must be what normalizing makes of black."""
+    data = pipeline.build_train_dataset(mini_split, batch_size=8, image_size=32, epoch=2, seed=3, shuffle=True,
+                                        augment=True, padding=6, world_size=1, rank=0, global_batch=8, workers=2)
+    images, labels = next(data.create_tuple_iterator(num_epochs=1, output_numpy=True))
+    samples = plan.rank_steps(len(mini_split), 8, 2, 3, True, 1, 0)[0]
+    crops = plan.augment_params(3, 2, samples, 6)
+    assert (crops[:, :2] != 6).any(axis=1).sum() >= 6     # most images shifted, so padding shows
+    expected = _reference_batch([mini_split.files[i] for i in samples], 32, crops, padding=6)
+    np.testing.assert_array_equal(labels, np.asarray(mini_split.labels)[samples])
+    np.testing.assert_allclose(images, expected, rtol=0, atol=1e-5)
 
 
 def test_resized_crop_box_stays_inside_and_in_range():

@@ -2,7 +2,9 @@
 
 MindSpore's C++ vision ops draw their own random numbers and take no per-row parameters, so the
 per-sample choices (a pure function of seed, epoch and sample) are applied here, once per batch
-(one Python call per batch, not per image), on uint8 CHW images the C++ chain decoded and resized.
+(one Python call per batch, not per image), on CHW images the C++ chain decoded and resized: already
+normalized when every option commutes with normalizing (crop, flip, mixing), uint8 when one does not
+(color jitter, random resized crop).
 """
 from dataclasses import dataclass
 from typing import Tuple
@@ -65,23 +67,30 @@ def _overlap(offset: int, size: int):
     return slice(lo, hi), slice(lo - offset, hi - offset)
 
 
-def pad_crop_flip_batch(images: np.ndarray, params: np.ndarray, padding: int) -> np.ndarray:
-    """Random crop at the training resolution from each zero-padded image of an NCHW batch, then optional
-    mirror, without materializing the padded images (tests/conftest.py `pad_crop_flip` is the plain definition).
+def pad_crop_flip_batch(images, params: np.ndarray, padding: int, fill=None) -> np.ndarray:
+    """Random crop at the training resolution from each padded image of a batch, then optional mirror, without
+    materializing the padded images (tests/conftest.py `pad_crop_flip` is the plain definition).
 
     Args:
-        images: (N, C, H, W) uint8.
+        images: N CHW images of one shape and dtype: an NCHW array, or the list a batch map receives
+            (copied straight into the result, never stacked first).
         params: (N, 3) rows of (dy, dx, flip) from `plan.augment_params`.
-        padding: the zero padding the offsets refer to.
+        padding: the padding the offsets refer to.
+        fill: (C,) value of the padding per channel: normalized black for normalized images; default 0.
     """
-    out = np.zeros_like(images)
-    h, w = images.shape[2:]
-    for i, (dy, dx, flip) in enumerate(params):
-        (src_y, dst_y), (src_x, dst_x) = _overlap(int(dy) - padding, h), _overlap(int(dx) - padding, w)
+    c, h, w = images[0].shape
+    out = np.empty((len(images), c, h, w), images[0].dtype)
+    # A shift of at most `padding` leaves only a frame that wide uncovered: fill the frame, copy the rest.
+    frame = np.zeros((c, 1, 1), out.dtype) if fill is None else np.asarray(fill, out.dtype).reshape(c, 1, 1)
+    for rows, cols in ((slice(0, padding), slice(None)), (slice(h - padding, h), slice(None)),
+                       (slice(None), slice(0, padding)), (slice(None), slice(w - padding, w))):
+        out[:, :, rows, cols] = frame
+    for i, (dy, dx, flip) in enumerate(params.tolist()):
+        (src_y, dst_y), (src_x, dst_x) = _overlap(dy - padding, h), _overlap(dx - padding, w)
         if flip:  # mirrored in the same copy: target columns counted from the right
-            out[i, :, dst_y, w - dst_x.stop:w - dst_x.start] = images[i, :, src_y, src_x][..., ::-1]
+            out[i, :, dst_y, w - dst_x.stop:w - dst_x.start] = images[i][:, src_y, src_x][..., ::-1]
         else:
-            out[i, :, dst_y, dst_x] = images[i, :, src_y, src_x]
+            out[i, :, dst_y, dst_x] = images[i][:, src_y, src_x]
     return out
 
 
