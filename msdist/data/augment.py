@@ -67,7 +67,7 @@ def _overlap(offset: int, size: int):
     return slice(lo, hi), slice(lo - offset, hi - offset)
 
 
-def pad_crop_flip_batch(images, params: np.ndarray, padding: int, fill=None) -> np.ndarray:
+def pad_crop_flip_batch(images, params: np.ndarray, padding: int, fill=0) -> np.ndarray:
     """Random crop at the training resolution from each padded image of a batch, then optional mirror, without
     materializing the padded images (tests/conftest.py `pad_crop_flip` is the plain definition).
 
@@ -76,12 +76,12 @@ def pad_crop_flip_batch(images, params: np.ndarray, padding: int, fill=None) -> 
             (copied straight into the result, never stacked first).
         params: (N, 3) rows of (dy, dx, flip) from `plan.augment_params`.
         padding: the padding the offsets refer to.
-        fill: (C,) value of the padding per channel: normalized black for normalized images; default 0.
+        fill: value of the padding, one for all channels or (C,): normalized black for normalized images.
     """
     c, h, w = images[0].shape
     out = np.empty((len(images), c, h, w), images[0].dtype)
     # A shift of at most `padding` leaves only a frame that wide uncovered: fill the frame, copy the rest.
-    frame = np.zeros((c, 1, 1), out.dtype) if fill is None else np.asarray(fill, out.dtype).reshape(c, 1, 1)
+    frame = np.asarray(fill, out.dtype).reshape(-1, 1, 1)
     for rows, cols in ((slice(0, padding), slice(None)), (slice(h - padding, h), slice(None)),
                        (slice(None), slice(0, padding)), (slice(None), slice(w - padding, w))):
         out[:, :, rows, cols] = frame

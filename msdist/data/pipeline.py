@@ -14,6 +14,7 @@ Three separate things:
 Why not `ImageFolderDataset(num_shards, shard_id)`: its DistributedSampler pads shards by repeating
 samples, and its shards are not the single-card batches.
 """
+import functools
 import os
 from dataclasses import dataclass, replace
 from typing import Dict, Iterable, Optional, Sequence, Tuple
@@ -139,9 +140,13 @@ def _normalize(hwc: bool = True, mean: Sequence[float] = MEAN, std: Sequence[flo
     return vision.Normalize(mean, std, is_hwc=hwc)
 
 
+@functools.lru_cache(maxsize=None)
 def normalized_black() -> np.ndarray:
-    """Per channel, what `_normalize` makes of a 0 pixel: the zero padding of an image normalized first."""
-    return _normalize(hwc=False)(np.zeros((len(MEAN), 1, 1), np.uint8)).reshape(-1)
+    """Per channel, what `_normalize` makes of a 0 pixel: the zero padding of an image normalized first.
+    Computed once (an eager MindSpore call) and read-only, since every epoch's chain shares it."""
+    black = _normalize(hwc=False)(np.zeros((len(MEAN), 1, 1), np.uint8)).reshape(-1)
+    black.setflags(write=False)
+    return black
 
 
 def _resize_normalize(image_size: int, mean: Sequence[float] = MEAN, std: Sequence[float] = STD) -> list:
@@ -198,7 +203,7 @@ class _BatchTransform:
     """
 
     def __init__(self, rows: np.ndarray, labels: np.ndarray, mixes, *, seed: int, epoch: int, augment: bool,
-                 padding: int, image_size: int, reg: Regularization, fill=None):
+                 padding: int, image_size: int, reg: Regularization, fill=0):
         self.rows, self.labels, self.mixes = rows, labels, mixes
         self.seed, self.epoch, self.augment, self.padding = seed, epoch, augment, padding
         self.image_size, self.reg, self.fill = image_size, reg, fill
@@ -273,11 +278,12 @@ def build_train_dataset(split: Split, *, batch_size: int, image_size: int, epoch
     if not resized_crop:
         reg = replace(reg, train_crop="resize")
         chain = [vision.Resize((image_size, image_size)), vision.HWC2CHW()]
-        chain += [] if pixel_space else [_normalize(hwc=False)]
+        if not pixel_space:
+            chain.append(_normalize(hwc=False))
         data = data.map(chain, input_columns="image", num_parallel_workers=workers)
     transform = _BatchTransform(steps, np.asarray(split.labels)[steps], mixes, seed=seed, epoch=epoch,
                                 augment=augment, padding=padding, image_size=image_size, reg=reg,
-                                fill=None if pixel_space else normalized_black())
+                                fill=0 if pixel_space else normalized_black())
     # One Python call per batch; a single worker, as threads would only queue for the GIL.
     data = data.batch(steps.shape[1], drop_remainder=True, per_batch_map=transform,
                       input_columns=["image", "label"], num_parallel_workers=1)
