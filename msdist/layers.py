@@ -27,7 +27,7 @@ across a ReLU (a 4e-2 gap instead of 3e-6). ResNet-50, 100 px, batch 16, one pro
 The layer's memory is its graph size: MindSpore 2.10 keeps 100-200 KB of resident memory per graph
 node on CPU, whatever the node computes. So constants are tensors built once, the count is static,
 and each running average is one Lerp: a third fewer nodes than a direct transcription, and ResNet-50
-with 2 ranks peaks at 1765 MB per rank instead of 2005 (nn.BatchNorm2d: 1303; docs/performance.md).
+with 2 ranks peaks at 1744 MB per rank instead of 2005 (nn.BatchNorm2d: 1303; docs/performance.md).
 
 Without sync_bn, `unify_bn_stats` makes the per-rank running statistics one model (`--dist_bn`).
 """
