@@ -59,6 +59,11 @@ def _channel_dots(t, u):
     return ops.bmm(t.reshape((n * c, 1, h * w)), u.reshape((n * c, h * w, 1))).reshape((n, c)).sum(axis=0)
 
 
+def _per_rank_count(t):
+    """Values per channel in this rank's NCHW batch: N * H * W, a number when the graph is built."""
+    return t.shape[0] * t.shape[2] * t.shape[3]
+
+
 class _BatchNormMath(nn.Cell):
     """What both halves of SyncBatchNorm2d share: eps, MindSpore's fused inference BatchNorm kernel,
     and float32 always (auto_mixed_precision O3 flags every cell float16, but a float16 sum of squares
@@ -74,7 +79,6 @@ class _BatchNormMath(nn.Cell):
         self.eps = eps
         self.normalize = ops.BatchNorm(is_training=False, epsilon=eps)
         self.zero = ms.Tensor(np.zeros(channels, np.float32))
-        self.one = ms.Tensor(np.ones(channels, np.float32))
         self.unit = ms.Tensor(np.full(channels, 1.0 - eps, np.float32))  # the kernel divides by sqrt(unit + eps) = 1
 
     def add_flags_recursive(self, **flags):
@@ -98,11 +102,12 @@ class _GlobalMoments(_BatchNormMath):
 
     def __init__(self, eps: float, channels: int, world_size: int):
         super().__init__(eps, channels)
+        self.one = ms.Tensor(np.ones(channels, np.float32))
         self.world_size = world_size
         self.gather = ops.AllGather() if world_size > 1 else None
 
     def construct(self, x):
-        n_local = x.shape[0] * x.shape[2] * x.shape[3]
+        n_local = _per_rank_count(x)
         # ReduceSum, not _channel_sums: the forward statistics' rounding decides which pre-activations
         # near zero pass the next ReLU; the matrix-product sum flipped one on ResNet-18 with 4 ranks.
         mean_local = x.mean(axis=_STAT_AXES)
@@ -144,7 +149,7 @@ class _SyncNormalize(_BatchNormMath):
         sums = ops.stack((sum_dy, sum_dy_xhat))
         if self.all_reduce is not None:
             sums = self.all_reduce(sums)
-        count = x.shape[0] * x.shape[2] * x.shape[3] * self.world_size
+        count = _per_rank_count(x) * self.world_size
         minus_mean_dy, minus_mean_dy_xhat = ops.unstack(sums / -count)
         # dx = gamma * invstd * (dy - mean_dy - x_hat * mean_dy_xhat)
         #    = a * dy + [a * invstd * -mean_dy_xhat] * (x - mean) + [a * -mean_dy], two fused affine maps.
@@ -194,7 +199,7 @@ class SyncBatchNorm2d(nn.BatchNorm2d):
         # gradient, and differentiating them would add the AllGather's backward, one more collective.
         mean, var = ops.stop_gradient(self.moments(x32))
         y = self.sync_normalize(x32, ops.cast(self.gamma, ms.float32), ops.cast(self.beta, ms.float32), mean, var)
-        count = x.shape[0] * x.shape[2] * x.shape[3] * self.world_size
+        count = _per_rank_count(x) * self.world_size
         unbiased = var * (count / max(count - 1, 1))
         # Side effects: MindSpore's auto-monad runs both assignments in order without a Depend on y.
         ops.assign(self.moving_mean, ops.lerp(self.moving_mean, mean, self.momentum))
