@@ -7,7 +7,7 @@ augmentation):
   gap     max over tensors of max|a-b|/max|a|, 1 card vs N ranks with --sync_bn true (parameters and
           gradient moments, every rank);
   floor   the same measure between two single-card runs of the same step, MindSpore's fused
-          BatchNorm vs msdist's element-wise BatchNorm (msdist.control), in this process;
+          BatchNorm vs msdist's BatchNorm (msdist.control), in this process;
   flips   ReLU decisions that differ between those two single-card forward passes (same weights,
           same batch), out of all ReLU inputs, and how many inputs sit within 1e-6 of 0 relative to
           their layer's scale.
@@ -85,10 +85,10 @@ def relu_flips(data_dir: str, model: str, size: int) -> dict:
                   .create_tuple_iterator(num_epochs=1))[0]
     ms.set_context(mode=ms.PYNATIVE_MODE)  # the recorder runs Python per call
     inputs = []
-    for elementwise in (False, True):
+    for msdist_bn in (False, True):
         ms.set_seed(SEED)
         net = engine.build_network(model, len(pipeline.class_map(data_dir)), False, False, 1)
-        if elementwise:
+        if msdist_bn:
             replace_batchnorm(net, world_size=1)
         seen = []
         for _, cell in net.cells_and_names():
@@ -117,7 +117,7 @@ def measure(subset: str, model: str, size: int, ranks: int, root: str) -> dict:
     gaps = [_gap(single, s) for s in _train(subset, f"{run}_{ranks}p", model, size, ranks)]
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU", deterministic="ON")
     states = control.single_card_states(subset, model, size, GLOBAL_BATCH, (1,), lr=LR, seed=SEED)
-    floor = _gap(states["mindspore"][0], states["elementwise"][0])
+    floor = _gap(states["mindspore"][0], states["msdist"][0])
     return {"gap": max(gaps), "floor": floor, "gap_over_floor": max(gaps) / floor,
             "in_process_vs_1p": _gap(single, states["mindspore"][0]), **relu_flips(subset, model, size)}
 

@@ -6,7 +6,8 @@ one after another in child processes of this one:
   (a) a plain MindSpore loop as the tutorial writes it: ImageFolderDataset, `Model.train`, no
       environment tuning (oneDNN picks its own ISA);
   (b) msdist, 1 rank;
-  (c) msdist, 2 ranks on this host (mpirun), also with `--sync_bn true` (the cost of cross-rank BN);
+  (c) msdist, 2 ranks on this host (mpirun), also with `--sync_bn true` (the cost of cross-rank BN;
+      `--sync_bn_pairs N` repeats the (plain, sync_bn) pair and reports the median ratio);
   and, if `torch` is installed, PyTorch CPU eager ResNet-50 in channels_last on the same shapes.
 
 Each row gives img/s, the per-step breakdown (data wait, compute, all-reduce), cold and warm
@@ -37,7 +38,7 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 TUNING_ENV = ("ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS", "MS_COMPILER_CACHE_ENABLE", "MS_COMPILER_CACHE_PATH")
 RESNET_LAYOUT = {"resnet18": ("basic", (2, 2, 2, 2)), "resnet50": ("bottleneck", (3, 4, 6, 3))}
 TARGETS = {"b/a": (">=", 1.2), "b/torch": (">=", 1.0), "c/b": (">=", 0.9), "pipeline/training": (">=", 3.0),
-           "warm/cold start": ("<=", 0.5)}
+           "warm/cold start": ("<=", 0.5), "sync_bn/c": (">=", 0.9), "sync_bn/c peak RSS": ("<=", 1.3)}
 
 
 # ---------------------------------------------------------------- the machine
@@ -446,6 +447,17 @@ def ratios(runs: dict, pipeline: dict, model: str) -> dict:
     return out
 
 
+def sync_bn_cost(pairs: list) -> dict:
+    """sync_bn against plain BatchNorm on 2 ranks, from (plain, sync_bn) runs made back to back: the
+    median of the pairs' throughput ratios (a shared 2-core VM drifts by +-10% between runs minutes
+    apart, so one pair is one sample), and the peak RSS per rank of all sync_bn runs against all plain ones."""
+    speed = sorted(synced["img_s"] / plain["img_s"] for plain, synced in pairs)
+    middle = len(speed) // 2
+    median = speed[middle] if len(speed) % 2 else (speed[middle - 1] + speed[middle]) / 2
+    peak = [max(max(run["peak_rss_mb"]) for run in side) for side in zip(*pairs)]
+    return {"sync_bn/c": median, "sync_bn/c peak RSS": peak[1] / peak[0], "sync_bn/c per pair": speed}
+
+
 def _met(name: str, value: float) -> str:
     op, target = TARGETS[name]
     return "met" if (value >= target if op == ">=" else value <= target) else "MISSED"
@@ -457,6 +469,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=8, help="msdist steps per run (the first is not timed)")
     parser.add_argument("--plain_steps", type=int, default=3, help="tutorial-loop steps (ResNet-50 takes ~1 min each)")
     parser.add_argument("--skip_plain", action="store_true", help="leave out the slow tutorial loop (a)")
+    parser.add_argument("--sync_bn_pairs", type=int, default=1,
+                        help="(plain, sync_bn) 2-rank run pairs behind the sync_bn ratio (median over pairs)")
     parser.add_argument("--amp", action="store_true", help="also compare amp levels (ResNet-18, 32x32, 1 epoch)")
     parser.add_argument("--json", default="", help="also write the JSON here")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
@@ -472,7 +486,7 @@ def main() -> int:
     load_before = load_average()
     has_torch = importlib.util.find_spec("torch") is not None
     pipeline = {n: _worker("pipeline", n, 30, tuned=True) for n in (1, 2)}
-    runs, root = {}, tempfile.mkdtemp(prefix="msdist-throughput-")
+    runs, pairs, root = {}, {}, tempfile.mkdtemp(prefix="msdist-throughput-")
     for model in args.models.split(","):
         gflop = train_gflop_per_image(model)
         if not args.skip_plain:
@@ -491,6 +505,10 @@ def main() -> int:
         runs[f"{model} c sync_bn"] = _row(f"{model} (c) + sync_bn", run_msdist(model, 2, args.steps, root,
                                                                              ("--sync_bn", "true"), "_sync_bn"),
                                           gflop, machine["peak_gflops_fp32"])
+        pairs[model] = [(c, runs[f"{model} c sync_bn"])] + [
+            (run_msdist(model, 2, args.steps, root, tag=f"_pair{i}"),
+             run_msdist(model, 2, args.steps, root, ("--sync_bn", "true"), f"_sync_bn_pair{i}"))
+            for i in range(1, args.sync_bn_pairs)]
         if has_torch and model == "resnet50":
             runs[f"{model} torch"] = _row(f"{model} torch eager NHWC", _worker("torch", model, max(3, args.steps // 2)),
                                           gflop, machine["peak_gflops_fp32"])
@@ -498,7 +516,8 @@ def main() -> int:
     report = {"machine": machine, "load_average": {"before": load_before, "after": load_average()},
               "command": " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
               "image_size": IMAGE_SIZE, "global_batch": GLOBAL_BATCH, "pipeline": pipeline, "runs": runs, "amp": amp,
-              "ratios": {m: ratios(runs, pipeline, m) for m in args.models.split(",")}}
+              "ratios": {m: ratios(runs, pipeline, m) for m in args.models.split(",")},
+              "sync_bn": {m: sync_bn_cost(pairs[m]) for m in args.models.split(",")}}
     print(f"\n{machine['model']}: {machine['cores']} cores @ {machine['ghz']} GHz, {machine['vector_bits']}-bit FMA, "
           f"fp32 peak {machine['peak_gflops_fp32']} GFLOP/s | load average {load_before:.2f} -> "
           f"{report['load_average']['after']:.2f}")
@@ -507,11 +526,13 @@ def main() -> int:
     print_table(list(runs.values()))
     print()
     for model in args.models.split(","):
-        c, synced = runs[f"{model} c"], runs[f"{model} c sync_bn"]
+        c = runs[f"{model} c"]
+        per_pair = ", ".join(f"{synced['img_s']:.2f}/{plain['img_s']:.2f}" for plain, synced in pairs[model])
         print(f"{model:<10}all-reduce of {c['allreduce_mb']:.1f} MB: fused {c['allreduce_s']:.3f} s, one per "
-              f"parameter {c['allreduce_unfused_s']:.3f} s | sync_bn: {synced['img_s']:.2f} vs "
-              f"{c['img_s']:.2f} img/s ({synced['img_s'] / c['img_s']:.2f}x)")
-    for model, found in report["ratios"].items():
+              f"parameter {c['allreduce_unfused_s']:.3f} s | sync_bn vs plain img/s, per pair: {per_pair}")
+    for model in args.models.split(","):
+        found = dict(report["ratios"][model], **report["sync_bn"][model])
+        found.pop("sync_bn/c per pair")
         for name, value in found.items():
             op, target = TARGETS[name]
             print(f"{model:<10}{name:<20}{value:>7.2f}   target {op} {target:<5} {_met(name, value)}")

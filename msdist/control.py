@@ -2,15 +2,15 @@
 
 "N ranks train the same model as one card" is checked by comparing weights after a few steps. How
 close they can be is not a fixed number: it depends on the model and the images. Two correct
-single-card BatchNorm implementations, MindSpore's fused kernel and msdist's element-wise math
-(`SyncBatchNorm2d` over one process), run the same steps from the same weights on the same batches
+single-card BatchNorm implementations, MindSpore's fused kernel and msdist's (`SyncBatchNorm2d`
+over one process: its own statistics from exact sums, then normalization and gradient kernels), run the same steps from the same weights on the same batches
 here; the gap between them is what float rounding alone produces. An N-rank gap is judged next to it.
 """
 from typing import Dict, List, Sequence
 
 import numpy as np
 
-BN_KINDS = ("mindspore", "elementwise")
+BN_KINDS = ("mindspore", "msdist")
 
 
 def state_of(net, optimizer) -> Dict[str, np.ndarray]:
@@ -27,7 +27,7 @@ def single_card_states(data_dir: str, model: str, image_size: int, batch_size: i
     Call after MindSpore's context is set (GRAPH_MODE, CPU, deterministic).
 
     Returns:
-        {"mindspore": [state at each step], "elementwise": [...]}; states as `state_of`.
+        {"mindspore": [state at each step], "msdist": [...]}; states as `state_of`.
     """
     return {kind: _train(kind, data_dir, model, image_size, batch_size, sorted(at_steps), lr, seed, momentum,
                          weight_decay, loss_scale, crop_padding) for kind in BN_KINDS}
@@ -49,7 +49,7 @@ def _train(kind, data_dir, model, image_size, batch_size, at_steps, lr, seed, mo
     ms.set_seed(seed)  # as train: identical initial weights for both kinds
     np.random.seed(seed)
     net = engine.build_network(model, len(classes), False, False, 1)
-    if kind == "elementwise":
+    if kind == "msdist":
         replace_batchnorm(net, world_size=1)
     lrs = optim.lr_schedule("constant", lr, at_steps[-1] // steps_per_epoch + 1, steps_per_epoch)
     optimizer = optim.create_optimizer(net.trainable_params(), lrs, momentum, weight_decay)

@@ -8,26 +8,24 @@ same two collectives as PyTorch's SyncBatchNorm:
 - forward: one AllGather of each rank's [mean, M2] per channel (M2 = sum of squared deviations
   from the rank's own mean), combined by Chan's formula in the same order on every rank: no
   E[x^2] - E[x]^2 cancellation, and bitwise-identical statistics everywhere;
-- backward (explicit, not derived by autodiff): one AllReduce of [sum(dy), sum(dy * x_hat)], then
-  the element-wise BatchNorm gradient with the global means of both sums.
+- backward (explicit, not derived by autodiff): MindSpore's BatchNorm gradient kernel with the global
+  statistics held constant gives gamma * invstd * dy and this rank's sum(dy), sum(dy * x_hat) in one
+  pass; one AllReduce of the two sums; one affine map of x adds the terms of their global means.
 
 Every rank's batch has the same shape (one graph serves all ranks, and msdist's loader drops the
 remainder), so the global count is a number known when the graph is built, not a collective's payload.
 
-On CPU the cost of the layer is in its per-channel reductions and full-size temporaries, so:
-every per-channel affine map of a full-size tensor (centring x, forming dx) goes through MindSpore's
-fused inference BatchNorm kernel, one output tensor; the backward's sums run as matrix products
-(`_channel_sums`, `_channel_dots`); and the statistics (`_GlobalMoments`) are computed apart from
-the normalization (`_SyncNormalize`), whose backward reads its inputs only, so the step keeps no
-more activations than with nn.BatchNorm2d. The forward statistics keep ReduceSum: computed as
-matrix products they round differently, and on ResNet-18 with 4 ranks that moved one pre-activation
-across a ReLU (a 4e-2 gap instead of 3e-6). ResNet-50, 100 px, batch 16, one process: 2.10 s/step vs
-1.51 for nn.BatchNorm2d (2.54 before).
+On CPU the layer's cost is in its per-channel reductions and full-size temporaries, so: the forward
+sums are float64 matrix products (`_exact_channel_sums`: the same correctly rounded sums as
+MindSpore's ReduceSum, several times faster); every per-channel affine map of a full-size tensor
+goes through MindSpore's fused inference BatchNorm kernel, one output tensor; and the statistics
+(`_GlobalMoments`) are computed apart from the normalization (`_SyncNormalize`), whose backward reads
+its inputs only, so the step keeps no more activations than with nn.BatchNorm2d.
 
 The layer's memory is its graph size: MindSpore 2.10 keeps 100-200 KB of resident memory per graph
 node on CPU, whatever the node computes. So constants are tensors built once, the count is static,
-and each running average is one Lerp: a third fewer nodes than a direct transcription, and ResNet-50
-with 2 ranks peaks at 1744 MB per rank instead of 2005 (nn.BatchNorm2d: 1303; docs/performance.md).
+each running average is one Lerp and the backward is one gradient kernel plus one affine map
+(docs/performance.md has the figures).
 
 Without sync_bn, `unify_bn_stats` makes the per-rank running statistics one model (`--dist_bn`).
 """
@@ -36,27 +34,26 @@ import logging
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, nn, ops
+from mindspore.ops.operations._grad_ops import BatchNormGrad  # nn.BatchNorm2d's backward kernel
 
 _logger = logging.getLogger(__name__)
-_STAT_AXES = (0, 2, 3)
 DIST_BN_MODES = ("reduce", "broadcast", "none")
 
 
-# The backward's per-channel reductions of NCHW tensors as matrix products: each (sample, channel)
-# plane is a contiguous row, so these run as GEMV/batched dot kernels. ReduceSum over axes (0, 2, 3) is 2-3x
-# slower on CPU (ResNet-50 layer3, batch 8: 7 ms vs 2 ms for a sum, 10 ms vs 4 ms for sum(dy * x)).
-# On GPU they stay full float32: MindSpore leaves TF32 off for MatMul unless matmul_allow_tf32 is set.
-def _channel_sums(t):
-    """sum over N, H, W of t, per channel."""
-    n, c, h, w = t.shape
-    rows = ops.matmul(t.reshape((n * c, h * w)), ops.ones((h * w, 1), t.dtype))
-    return rows.reshape((n, c)).sum(axis=0)
+def _exact_channel_sums(t):
+    """sum over N, H, W of a float32 NCHW tensor, per channel, correctly rounded to float32.
 
-
-def _channel_dots(t, u):
-    """sum over N, H, W of t * u, per channel."""
+    MindSpore's CPU ReduceSum accumulates float32 in double, one element at a time through a strided
+    iterator. A float64 matrix product against a ones vector gives the same sums, bitwise on the
+    ResNet-50 layer shapes measured (and unit-tested), 2-6x faster (layer1 at 100 px: 3.4 ms vs 11.6). The rounding of the
+    forward statistics decides which pre-activations near zero pass the next ReLU: a float32 matrix
+    product differs in the last bits, and on ResNet-18 with 4 ranks that flipped one decision (a 4e-2
+    gap instead of 3e-6, docs/equivalence.md). Float64 also gives GPU the same correctly rounded
+    statistics, where a float32 reduction would round its own way.
+    """
     n, c, h, w = t.shape
-    return ops.bmm(t.reshape((n * c, 1, h * w)), u.reshape((n * c, h * w, 1))).reshape((n, c)).sum(axis=0)
+    rows = ops.matmul(ops.cast(t, ms.float64).reshape((n * c, h * w)), ops.ones((h * w, 1), ms.float64))
+    return ops.cast(rows.reshape((n, c)).sum(axis=0), ms.float32)
 
 
 def _per_rank_count(t):
@@ -108,11 +105,9 @@ class _GlobalMoments(_BatchNormMath):
 
     def construct(self, x):
         n_local = _per_rank_count(x)
-        # ReduceSum, not _channel_sums: the forward statistics' rounding decides which pre-activations
-        # near zero pass the next ReLU; the matrix-product sum flipped one on ResNet-18 with 4 ranks.
-        mean_local = x.mean(axis=_STAT_AXES)
+        mean_local = _exact_channel_sums(x) / n_local
         # Two-pass: the sum of squares of the centred values, no E[x^2] - E[x]^2 cancellation.
-        m2_local = ops.square(self.affine(x, self.one, self.zero, mean_local)).sum(axis=_STAT_AXES)
+        m2_local = _exact_channel_sums(ops.square(self.affine(x, self.one, self.zero, mean_local)))
         if self.gather is None:
             return mean_local, m2_local / n_local
         count = n_local * self.world_size
@@ -137,25 +132,29 @@ class _SyncNormalize(_BatchNormMath):
         super().__init__(eps, channels)
         self.world_size = world_size
         self.all_reduce = ops.AllReduce() if world_size > 1 else None
+        # Inference mode on purpose: the training-mode kernel would read what a training forward saved,
+        # which differs by backend (cuDNN: inverse std and a reserve space; oneDNN: the variance), and this
+        # layer's forward is not one. In inference mode both read (mean, variance), as MindSpore's own
+        # bprop passes them (ccsrc: batch_norm_grad_gpu_kernel.cc CalBatchNormGrad; oneDNN global stats).
+        self.constant_stats_grad = BatchNormGrad(is_training=False, epsilon=eps)
 
     def construct(self, x, gamma, beta, mean, var):
         return self.normalize(x, gamma, beta, mean, var)[0]
 
     def bprop(self, x, gamma, beta, mean, var, out, dy):  # pylint: disable=unused-argument
-        invstd = ops.rsqrt(var + self.eps)
-        sum_dy = _channel_sums(dy)
-        # sum(dy * x_hat) = invstd * (sum(dy * x) - mean * sum(dy)): no full-size temporary at all.
-        sum_dy_xhat = invstd * (_channel_dots(dy, x) - mean * sum_dy)
+        # MindSpore's BatchNorm gradient kernel in inference mode (statistics held constant) gives
+        # gamma * invstd * dy and this rank's sum(dy * x_hat), sum(dy) in one pass over dy and x.
+        dy_scaled, sum_dy_xhat, sum_dy = self.constant_stats_grad(dy, x, gamma, mean, var, var)
         sums = ops.stack((sum_dy, sum_dy_xhat))
         if self.all_reduce is not None:
             sums = self.all_reduce(sums)
         count = _per_rank_count(x) * self.world_size
         minus_mean_dy, minus_mean_dy_xhat = ops.unstack(sums / -count)
         # dx = gamma * invstd * (dy - mean_dy - x_hat * mean_dy_xhat)
-        #    = a * dy + [a * invstd * -mean_dy_xhat] * (x - mean) + [a * -mean_dy], two fused affine maps.
+        #    = dy_scaled + [a * invstd * -mean_dy_xhat] * (x - mean) + [a * -mean_dy], a = gamma * invstd.
+        invstd = ops.rsqrt(var + self.eps)
         a = gamma * invstd
-        dx = self.affine(dy, a, self.zero, self.zero) + self.affine(x, a * invstd * minus_mean_dy_xhat,
-                                                                    a * minus_mean_dy, mean)
+        dx = dy_scaled + self.affine(x, a * invstd * minus_mean_dy_xhat, a * minus_mean_dy, mean)
         # This rank's share of dgamma/dbeta: the data-parallel reducer averages them like any gradient.
         # The statistics get none: their effect on x's gradient is already in dx.
         return dx, sum_dy_xhat, sum_dy, self.zero, self.zero
@@ -171,8 +170,8 @@ class SyncBatchNorm2d(nn.BatchNorm2d):
 
     Args:
         bn: the BatchNorm2d whose parameters and hyper-parameters are taken over.
-        world_size: number of ranks normalized over (1 = this process only: the same math, no
-            collectives; used as the element-wise control of MindSpore's fused BatchNorm).
+        world_size: number of ranks normalized over (1 = this process only: the same statistics, no
+            collectives; the control that measures how MindSpore's fused BatchNorm rounds differently).
     """
 
     def __init__(self, bn: nn.BatchNorm2d, world_size: int):  # pylint: disable=super-init-not-called
@@ -223,8 +222,8 @@ def convert_sync_batchnorm(net: nn.Cell, world_size: int) -> nn.Cell:
 def replace_batchnorm(net: nn.Cell, world_size: int) -> int:
     """Swap every plain `nn.BatchNorm2d` in `net` for a `SyncBatchNorm2d` over `world_size` ranks.
 
-    `world_size=1` gives msdist's element-wise BatchNorm on one process: the control that measures
-    how far two correct single-card BatchNorm implementations drift apart.
+    `world_size=1` gives msdist's BatchNorm math on one process: the control that measures how far two correct single-card BatchNorm
+    implementations drift apart.
 
     Returns:
         How many layers were replaced.
