@@ -3,8 +3,9 @@
 "N ranks train the same model as one card" is checked by comparing weights after a few steps. How
 close they can be is not a fixed number: it depends on the model and the images. Two correct
 single-card BatchNorm implementations, MindSpore's fused kernel and msdist's (`SyncBatchNorm2d`
-over one process: its own statistics from exact sums, then normalization and gradient kernels), run the same steps from the same weights on the same batches
-here; the gap between them is what float rounding alone produces. An N-rank gap is judged next to it.
+over one process: its own statistics from exact sums, then normalization and gradient kernels), run
+the same steps from the same weights on the same batches here; the gap between them is what float
+rounding alone produces. An N-rank gap is judged next to it.
 """
 from typing import Dict, List, Sequence
 

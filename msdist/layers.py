@@ -45,11 +45,11 @@ def _exact_channel_sums(t):
 
     MindSpore's CPU ReduceSum accumulates float32 in double, one element at a time through a strided
     iterator. A float64 matrix product against a ones vector gives the same sums, bitwise on the
-    ResNet-50 layer shapes measured (and unit-tested), 2-6x faster (layer1 at 100 px: 3.4 ms vs 11.6). The rounding of the
-    forward statistics decides which pre-activations near zero pass the next ReLU: a float32 matrix
-    product differs in the last bits, and on ResNet-18 with 4 ranks that flipped one decision (a 4e-2
-    gap instead of 3e-6, docs/equivalence.md). Float64 also gives GPU the same correctly rounded
-    statistics, where a float32 reduction would round its own way.
+    ResNet-50 layer shapes measured (and unit-tested), 2-6x faster (layer1 at 100 px: 3.4 ms vs 11.6).
+    The rounding of the forward statistics decides which pre-activations near zero pass the next
+    ReLU: a float32 matrix product differs in the last bits, and on ResNet-18 with 4 ranks that
+    flipped one decision (a 4e-2 gap instead of 3e-6, docs/equivalence.md). Float64 also gives GPU
+    the same correctly rounded statistics, where a float32 reduction would round its own way.
     """
     n, c, h, w = t.shape
     rows = ops.matmul(ops.cast(t, ms.float64).reshape((n * c, h * w)), ops.ones((h * w, 1), ms.float64))
@@ -59,6 +59,11 @@ def _exact_channel_sums(t):
 def _per_rank_count(t):
     """Values per channel in this rank's NCHW batch: N * H * W, a number when the graph is built."""
     return t.shape[0] * t.shape[2] * t.shape[3]
+
+
+def _global_count(t, world_size: int):
+    """Values per channel over all ranks' batches: every rank's batch has t's shape."""
+    return _per_rank_count(t) * world_size
 
 
 class _BatchNormMath(nn.Cell):
@@ -110,7 +115,7 @@ class _GlobalMoments(_BatchNormMath):
         m2_local = _exact_channel_sums(ops.square(self.affine(x, self.one, self.zero, mean_local)))
         if self.gather is None:
             return mean_local, m2_local / n_local
-        count = n_local * self.world_size
+        count = _global_count(x, self.world_size)
         means, m2s = ops.unstack(self.gather(ops.stack((mean_local, m2_local))).reshape((self.world_size, 2, -1)),
                                  axis=1)  # rank-major, same order everywhere
         mean = (means * n_local).sum(axis=0) / count
@@ -148,7 +153,7 @@ class _SyncNormalize(_BatchNormMath):
         sums = ops.stack((sum_dy, sum_dy_xhat))
         if self.all_reduce is not None:
             sums = self.all_reduce(sums)
-        count = _per_rank_count(x) * self.world_size
+        count = _global_count(x, self.world_size)
         minus_mean_dy, minus_mean_dy_xhat = ops.unstack(sums / -count)
         # dx = gamma * invstd * (dy - mean_dy - x_hat * mean_dy_xhat)
         #    = dy_scaled + [a * invstd * -mean_dy_xhat] * (x - mean) + [a * -mean_dy], a = gamma * invstd.
@@ -198,7 +203,7 @@ class SyncBatchNorm2d(nn.BatchNorm2d):
         # gradient, and differentiating them would add the AllGather's backward, one more collective.
         mean, var = ops.stop_gradient(self.moments(x32))
         y = self.sync_normalize(x32, ops.cast(self.gamma, ms.float32), ops.cast(self.beta, ms.float32), mean, var)
-        count = _per_rank_count(x) * self.world_size
+        count = _global_count(x, self.world_size)
         unbiased = var * (count / max(count - 1, 1))
         # Side effects: MindSpore's auto-monad runs both assignments in order without a Depend on y.
         ops.assign(self.moving_mean, ops.lerp(self.moving_mean, mean, self.momentum))
@@ -222,8 +227,8 @@ def convert_sync_batchnorm(net: nn.Cell, world_size: int) -> nn.Cell:
 def replace_batchnorm(net: nn.Cell, world_size: int) -> int:
     """Swap every plain `nn.BatchNorm2d` in `net` for a `SyncBatchNorm2d` over `world_size` ranks.
 
-    `world_size=1` gives msdist's BatchNorm math on one process: the control that measures how far two correct single-card BatchNorm
-    implementations drift apart.
+    `world_size=1` gives msdist's BatchNorm math on one process: the control that measures how far
+    two correct single-card BatchNorm implementations drift apart.
 
     Returns:
         How many layers were replaced.
