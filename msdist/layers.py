@@ -11,6 +11,8 @@ same two collectives as PyTorch's SyncBatchNorm:
 - backward (explicit, not derived by autodiff): MindSpore's BatchNorm gradient kernel with the global
   statistics held constant gives gamma * invstd * dy and this rank's sum(dy), sum(dy * x_hat) in one
   pass; one AllReduce of the two sums; one affine map of x adds the terms of their global means.
+  The same sums over the world size are the job's gradients of gamma and beta, so the data-parallel
+  reducer leaves them out (`layerwise_parallel`) instead of averaging them a second time.
 
 Every rank's batch has the same shape (one graph serves all ranks, and msdist's loader drops the
 remainder), so the global count is a number known when the graph is built, not a collective's payload.
@@ -160,9 +162,11 @@ class _SyncNormalize(_BatchNormMath):
         invstd = ops.rsqrt(var + self.eps)
         a = gamma * invstd
         dx = dy_scaled + self.affine(x, a * invstd * minus_mean_dy_xhat, a * minus_mean_dy, mean)
-        # This rank's share of dgamma/dbeta: the data-parallel reducer averages them like any gradient.
+        # dgamma and dbeta are the all-reduced sums over the ranks' count: already the job's mean gradient,
+        # identical on every rank, which the data-parallel reducer then skips (SyncBatchNorm2d marks them).
         # The statistics get none: their effect on x's gradient is already in dx.
-        return dx, sum_dy_xhat, sum_dy, self.zero, self.zero
+        d_beta, d_gamma = ops.unstack(sums / self.world_size)
+        return dx, d_gamma, d_beta, self.zero, self.zero
 
 
 class SyncBatchNorm2d(nn.BatchNorm2d):
@@ -191,6 +195,11 @@ class SyncBatchNorm2d(nn.BatchNorm2d):
         self.eps = float(bn.eps)
         self.momentum = float(bn.momentum)  # as nn.BatchNorm2d stores it: the weight of the new batch statistic
         self.world_size = world_size
+        if world_size > 1:
+            # Their gradients leave the backward as the job's mean, from sums it all-reduces anyway. MindSpore's
+            # data-parallel reducer skips layerwise_parallel parameters: two fewer blocking collectives per
+            # layer (106 on ResNet-50; msdist's compressed reducers average the identical values again).
+            self.gamma.layerwise_parallel = self.beta.layerwise_parallel = True
         self.moments = _GlobalMoments(self.eps, self.num_features, world_size)
         self.sync_normalize = _SyncNormalize(self.eps, self.num_features, world_size)
         self.inference = ops.BatchNorm(is_training=False, epsilon=self.eps)

@@ -289,6 +289,25 @@ def test_statistics_round_exactly_like_reducesum():
             assert np.array_equal(fast.asnumpy(), reference.asnumpy()), shape
 
 
+def test_sync_bn_gradients_of_gamma_and_beta_skip_the_gradient_reducer():
+    """Their backward already returns the job's mean (the equivalence runs above check the values), so
+    MindSpore's data-parallel reducer must leave out exactly those: a second average would be two more
+    blocking collectives per layer. With one rank nothing is converted or marked."""
+    import mindspore as ms
+    from models import create_model
+    from msdist.engine import default_reducer
+    from msdist.layers import SyncBatchNorm2d, convert_sync_batchnorm
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    net = convert_sync_batchnorm(create_model("resnet_tiny", 4), 2)
+    affine = {id(p) for _, cell in net.cells_and_names() if isinstance(cell, SyncBatchNorm2d)
+              for p in (cell.gamma, cell.beta)}
+    params = net.trainable_params()
+    skipped = {id(p) for p, reduced in zip(params, default_reducer(params, 2).allreduce_filter) if not reduced}
+    assert affine and skipped == affine
+    single = convert_sync_batchnorm(create_model("resnet_tiny", 4), 1)
+    assert not any(p.layerwise_parallel for p in single.trainable_params())
+
+
 def test_sync_bn_stays_float32_under_amp():
     """O2: MindSpore's AMP black list keeps it float32 like nn.BatchNorm2d. O3 casts every cell to float16;
     the statistics stay float32 anyway (a float16 sum over a batch of values ~300 overflows at 65504)."""
