@@ -162,8 +162,8 @@ class _SyncNormalize(_BatchNormMath):
         invstd = ops.rsqrt(var + self.eps)
         a = gamma * invstd
         dx = dy_scaled + self.affine(x, a * invstd * minus_mean_dy_xhat, a * minus_mean_dy, mean)
-        # dgamma and dbeta are the all-reduced sums over the ranks' count: already the job's mean gradient,
-        # identical on every rank, which the data-parallel reducer then skips (SyncBatchNorm2d marks them).
+        # dgamma and dbeta: the all-reduced sums divided by the number of ranks are already the job's mean
+        # gradient, identical on every rank, so the data-parallel reducer skips them (SyncBatchNorm2d marks them).
         # The statistics get none: their effect on x's gradient is already in dx.
         d_beta, d_gamma = ops.unstack(sums / self.world_size)
         return dx, d_gamma, d_beta, self.zero, self.zero
@@ -196,9 +196,9 @@ class SyncBatchNorm2d(nn.BatchNorm2d):
         self.momentum = float(bn.momentum)  # as nn.BatchNorm2d stores it: the weight of the new batch statistic
         self.world_size = world_size
         if world_size > 1:
-            # Their gradients leave the backward as the job's mean, from sums it all-reduces anyway. MindSpore's
-            # data-parallel reducer skips layerwise_parallel parameters: two fewer blocking collectives per
-            # layer (106 on ResNet-50; msdist's compressed reducers average the identical values again).
+            # The backward returns their gradients already averaged over ranks (module docstring); MindSpore's
+            # reducer skips layerwise_parallel parameters. msdist's compressed reducers average them again, which
+            # leaves identical values as they are.
             self.gamma.layerwise_parallel = self.beta.layerwise_parallel = True
         self.moments = _GlobalMoments(self.eps, self.num_features, world_size)
         self.sync_normalize = _SyncNormalize(self.eps, self.num_features, world_size)
