@@ -140,3 +140,14 @@ def test_train_is_wiring_and_the_package_ships_no_test_scaffolding():
         with open(path, encoding="utf-8") as f:
             text = f.read()
         assert "poison" not in text and "MSDIST_TEST_OVERFLOW" not in text, path
+
+
+MAX_MODULE_LINES = 400  # issue 31: a module that needs a table of contents is two modules
+
+
+def test_no_module_of_msdist_exceeds_400_lines():
+    sizes = {}
+    for name, path in _modules().items():
+        with open(path, encoding="utf-8") as f:
+            sizes[name] = sum(1 for _ in f)
+    assert {name: lines for name, lines in sizes.items() if lines > MAX_MODULE_LINES} == {}

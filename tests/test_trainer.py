@@ -36,7 +36,7 @@ def test_position_counts_as_checkpoints_and_step_lines_do():
 
 
 def test_a_resume_with_other_steps_per_epoch_continues_at_the_global_step_and_says_so(caplog):
-    logger = logging.getLogger("msdist.run.position")  # msdist's loggers may not propagate (monitor.setup_logging)
+    logger = logging.getLogger("msdist.run.position")  # msdist's loggers may not propagate (logs.setup_logging)
     logger.addHandler(caplog.handler)
     try:
         assert Position(2, 6, 18).resumed(12, "x.ckpt") == Position(2, 6, 18)
@@ -68,8 +68,8 @@ def test_no_epoch_arithmetic_outside_the_position_type():
 def test_each_state_prefix_is_written_once_in_the_package():
     from msdist.engine import ema, loss_scale, reducers
     prefixes = optim.STATE_PREFIXES + (reducers.RESIDUAL_PREFIX, loss_scale.STATE_PREFIX, ema.PREFIX)
-    from msdist.run import checkpoint
-    assert checkpoint.training_state_prefixes() == prefixes
+    from msdist.run import checkpoint_model
+    assert checkpoint_model.training_state_prefixes() == prefixes
     seen = {p: [] for p in prefixes if p.endswith(".")}
     for root, _, files in os.walk(os.path.join(REPO, "msdist")):
         for name in (f for f in files if f.endswith(".py")):
