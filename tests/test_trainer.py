@@ -111,6 +111,25 @@ def test_the_trainers_state_is_exactly_what_the_components_declare(tmp_path, dat
         assert all(p.name.startswith(prefixes) for p in params), prefixes
 
 
+@pytest.mark.slow
+def test_an_epoch_end_makes_the_ranks_one_model_once_and_its_best_is_the_file_just_saved(tmp_path, data_dir):
+    """Save and evaluate at one epoch end share one `_one_model` (the EMA synced once, the BatchNorm statistics
+    gathered once), and the best checkpoint is decided by position: a link to the file saved at that step."""
+    from msdist.cluster import heartbeat
+    from msdist.run import checkpoint
+    from msdist.run.build import checkpoint_place
+    trainer = _trainer(tmp_path, data_dir, "--ema_decay", 0.9, "--epochs", 1)
+    os.makedirs(tmp_path / "logs", exist_ok=True)
+    trainer.beat = heartbeat.Heartbeat(str(tmp_path / "logs"), 0, heartbeat.StallPolicy.parse("0"))
+    ema, syncs = trainer.model.ema, []
+    synchronize = ema.synchronize
+    ema.synchronize = lambda collectives: syncs.append(collectives) or synchronize(collectives)
+    outcome = trainer.fit()
+    assert len(syncs) == 1 and outcome.metrics["accuracy"] >= 0
+    best = checkpoint.best_path(*checkpoint_place(trainer.cfg), 0)
+    assert outcome.newest.position == outcome.position and os.path.samefile(best, outcome.newest.path)
+
+
 # ---------------------------------------------------------------- checkpoints of earlier versions resume
 
 def test_an_old_checkpoint_restores_position_weights_and_training_state(tmp_path, data_dir):
