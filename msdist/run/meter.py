@@ -33,13 +33,13 @@ class Meter:
         self._mark = time.perf_counter()
         self._window = [0.0, 0.0, 0]  # compute s, data s, steps since take_window
         self._stamps: collections.deque = collections.deque(maxlen=_RATE_WINDOW + 1)  # recent step ends
-        self._epoch_start = self._epoch_end = self._mark
+        self._epoch_start = self.last_step_at = self._mark   # last_step_at: when the newest step ended
         self._epoch_steps = 0
 
     def start_epoch(self) -> None:
         """The epoch's steps begin now (a resumed epoch's too, part-way through)."""
         now = time.perf_counter()
-        self._mark = self._epoch_start = self._epoch_end = now
+        self._mark = self._epoch_start = self.last_step_at = now
         self._epoch_steps = 0
         self._stamps.clear()
         self._stamps.append(now)
@@ -68,7 +68,7 @@ class Meter:
             self.steady_s += took
             self.steady_steps += 1
         self._stamps.append(now)
-        self._epoch_end = now
+        self.last_step_at = now
         self._epoch_steps += 1
         self._mark = now
         return took
@@ -112,7 +112,7 @@ class Meter:
 
     def epoch_seconds(self) -> float:
         """From the epoch's start to its last step so far."""
-        return self._epoch_end - self._epoch_start
+        return self.last_step_at - self._epoch_start
 
     def epoch_images_per_sec(self) -> float:
         seconds = self.epoch_seconds()
