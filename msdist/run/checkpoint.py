@@ -11,8 +11,8 @@ File layout in `{output_dir}/ckpt/`:
                                                so listing and ordering never open (or parse names of)
                                                the big files
     {prefix}_rank{r}_best.ckpt (+ .json)       the model at its best evaluation so far; the sidecar adds
-                                               `accuracy`. Never pruned. Taken right after a save of the
-                                               same model, it is that checkpoint (a hard link; the
+                                               `accuracy`. Never pruned. Taken at the position of the
+                                               save just made, it is that checkpoint (a hard link; the
                                                training state in it is ignored by evaluation)
     {prefix}_rank{r}_ema.ckpt (+ .json)        with --ema_decay: the newest EMA weights under the model's
                                                names. Never pruned.

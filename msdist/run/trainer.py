@@ -98,7 +98,7 @@ class Trainer:
                                 global_batch=cfg.batch_size, log_every=cfg.log_every, max_steps=cfg.max_steps,
                                 output_dir=cfg.output_dir, tensorboard=cfg.tensorboard,
                                 is_main=self.dist.is_main, world_size=self.dist.world_size,
-                                launch_kind=self.launch_kind, start_step=at.global_step, beat=self.beat)
+                                launch_kind=self.launch_kind, start_step=at.global_step)
         self.saved_at, metrics = at.global_step, None
         train_start = time.perf_counter()
         while at.next_epoch(self.steps_per_epoch) < cfg.epochs and not self._reached(at):

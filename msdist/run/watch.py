@@ -11,21 +11,20 @@ from msdist.run.progress import Progress, terminal
 @dataclass
 class Watch:
     """One rank's reporting: the meter (the one clock), progress lines or bar, every rank's step and
-    input-wait figures, the metrics files (rank 0 only; None elsewhere) and the heartbeat."""
+    input-wait figures, and the metrics files (rank 0 only; None elsewhere)."""
     meter: Meter
     progress: Progress
     writer: Optional[MetricsWriter]
-    beat: object
     ranks: RankFigures = field(default_factory=RankFigures)
     _window_fields: dict = field(default_factory=dict)   # the last log window's per-rank fields, for its record
 
     @classmethod
     def open(cls, *, epochs: int, steps_per_epoch: int, global_batch: int, log_every: int, max_steps: int,
              output_dir: str, tensorboard: bool, is_main: bool, world_size: int, launch_kind: str,
-             start_step: int, beat) -> "Watch":
+             start_step: int) -> "Watch":
         meter = Meter(images_per_step=global_batch)
         progress = Progress(epochs, steps_per_epoch, log_every, meter, max_steps, bar=terminal(is_main, launch_kind))
-        return cls(meter, progress, open_metrics(is_main, output_dir, tensorboard, world_size, start_step), beat)
+        return cls(meter, progress, open_metrics(is_main, output_dir, tensorboard, world_size, start_step))
 
     def start_epoch(self, at: Position) -> None:
         """The epoch's steps begin (after its pipeline was built): the clock and the bar start here."""
