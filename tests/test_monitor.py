@@ -18,7 +18,7 @@ import pytest
 
 from msdist import report
 from msdist.cluster.errors import ConfigError
-from msdist.run import logs, meter, metrics, progress
+from msdist.run import logs, meter, metrics, progress, result
 from msdist.run.position import Position
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -275,3 +275,16 @@ def test_one_meter_counts_data_wait_but_not_the_compile_step(monkeypatch):
     # The step line's rate reads the same clock readings: the 2 steps after the compile step, 6 s apart.
     assert timer.sec_per_step() == pytest.approx(3.0) and timer.recent_images_per_sec() == pytest.approx(2.0)
     assert timer.epoch_seconds() == 17.0 and timer.epoch_images_per_sec() == pytest.approx(3 * 6 / 17.0)
+
+
+def test_the_result_file_is_replaced_whole_never_rewritten_in_place(tmp_path, capsys):
+    """A reader (the report, a launcher script) that opened result.json before the write still reads a whole
+    file: the new one arrives by rename, so the old one is never truncated under it."""
+    path = tmp_path / "result.json"
+    path.write_text('{"accuracy": 0.25}')
+    with open(path, encoding="utf-8") as reader:
+        result.write_result(str(path), {"accuracy": 0.5, "correct": 1, "num_samples": 2, "loss": 0.7, "world_size": 1},
+                            "msdist.train done", [], wall_seconds=3.0)
+        assert json.load(reader) == {"accuracy": 0.25}
+    assert json.loads(path.read_text())["accuracy"] == 0.5 and os.listdir(tmp_path) == ["result.json"]
+    assert "== msdist.train done ==" in capsys.readouterr().out

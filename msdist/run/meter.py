@@ -115,6 +115,7 @@ class Meter:
         return self.last_step_at - self._epoch_start
 
     def epoch_images_per_sec(self) -> float:
+        """The epoch summary's img/s: the epoch's steps so far over `epoch_seconds` (its first step included)."""
         seconds = self.epoch_seconds()
         return self._epoch_steps * self.images_per_step / seconds if seconds > 0 else 0.0
 

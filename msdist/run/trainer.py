@@ -21,12 +21,12 @@ from msdist.cluster import distributed
 from msdist.data import pipeline
 from msdist.engine import loss_scale, optim, reducers
 from msdist.run import checkpoint, config, evaluation
+from msdist.run.build import Data, Model, checkpoint_place
 from msdist.run.checkpoint_model import model_meta
 from msdist.run.checkpoint_saver import Saver
 from msdist.run.meter import Meter
-from msdist.run.watch import Watch
-from msdist.run.build import Data, Model, checkpoint_place
 from msdist.run.position import Position
+from msdist.run.watch import Watch
 
 _logger = logging.getLogger(__name__)
 
