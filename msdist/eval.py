@@ -8,7 +8,7 @@ import os
 import time
 
 from msdist.cluster import runtime
-from msdist.cluster.cli import cli_main
+from msdist.base.cli import cli_main
 from msdist.data import pipeline, plan
 from msdist.run import build, config, evaluation, monitor, startup
 

@@ -7,8 +7,8 @@ import os
 import sys
 from typing import List, Optional
 
-from msdist.cluster.cli import cli_main
-from msdist.cluster.errors import ConfigError
+from msdist.base.cli import cli_main
+from msdist.base.errors import ConfigError
 from msdist.cluster.supervisor import Plan, run, show_plan
 from msdist.run import config, startup
 

@@ -9,8 +9,8 @@ import tempfile
 import time
 
 from msdist.cluster import heartbeat, runtime, watchdog
-from msdist.cluster.cli import cli_main
-from msdist.cluster.errors import ConfigError
+from msdist.base.cli import cli_main
+from msdist.base.errors import ConfigError
 from msdist.run import build, config, monitor, startup
 
 _logger = logging.getLogger("msdist.train")

@@ -24,8 +24,8 @@ import pytest
 
 from msdist import launch
 from msdist.cluster import heartbeat, supervisor
-from msdist.cluster.job import free_port
-from msdist.cluster.errors import ConfigError, DataError
+from msdist.cluster.rendezvous import free_port
+from msdist.base.errors import ConfigError, DataError
 from msdist.run import checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -17,8 +17,8 @@ from conftest import REAL_DATA, TINY_CONFIG, base_env, mpirun, msrun, tiny_args
 from faults import freeze_main_thread
 from test_launch import Job
 from msdist.cluster import heartbeat
-from msdist.cluster.job import free_port
-from msdist.cluster.errors import ConfigError
+from msdist.cluster.rendezvous import free_port
+from msdist.base.errors import ConfigError
 from msdist.run import monitor
 
 RUN_LIMIT_S = 300
@@ -357,7 +357,8 @@ def test_msrun_rank_with_a_stuck_main_thread_ends_the_job(tmp_path):
 
 
 def test_every_launcher_but_msdist_launch_gets_the_watchdog_inside_the_ranks():
-    from msdist.cluster import job, watchdog
+    from msdist.base import launch_env
+    from msdist.cluster import watchdog
     on = heartbeat.StallPolicy.parse("auto")
     envs = {
         "mpirun": {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"},
@@ -366,9 +367,9 @@ def test_every_launcher_but_msdist_launch_gets_the_watchdog_inside_the_ranks():
         "msdist.launch": {"MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "2", "MS_NODE_ID": "1", "MSDIST_LOCAL_RANK": "1"},
         "standalone": {},
     }
-    needed = {name: watchdog.needed(job.detect_launch(env, parent=[]), on) for name, env in envs.items()}
+    needed = {name: watchdog.needed(launch_env.detect_launch(env, parent=[]), on) for name, env in envs.items()}
     assert needed == {"mpirun": True, "srun": True, "msrun": True, "msdist.launch": False, "standalone": True}
-    assert not watchdog.needed(job.detect_launch(envs["srun"], parent=[]), heartbeat.StallPolicy.parse("0"))
+    assert not watchdog.needed(launch_env.detect_launch(envs["srun"], parent=[]), heartbeat.StallPolicy.parse("0"))
 
 
 @pytest.mark.multiprocess

@@ -35,8 +35,8 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-from msdist.cluster.errors import ConfigError
-from msdist.cluster.files import atomic_write_text
+from msdist.base.errors import ConfigError
+from msdist.base.files import atomic_write_text
 
 DEFAULT_INTERVAL_S = 2.0
 AUTO_FLOOR_S = 300.0         # --stall_timeout auto: at least this...

@@ -31,9 +31,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from msdist.cluster import heartbeat, job
-from msdist.cluster.errors import ConfigError, first_line
-from msdist.cluster.files import atomic_write_text
+from msdist.cluster import heartbeat, rendezvous
+from msdist.base.errors import ConfigError, first_line
+from msdist.base.files import atomic_write_text
 
 _POLL_S = 0.5
 _TERM_GRACE_S = 4.0            # SIGTERM -> SIGKILL; keeps "all stopped" well under 15 s
@@ -45,7 +45,7 @@ _SCHEDULER_VERDICT_AFTER_SIGTERM_S = 8.0
 _RESOLVE_RETRY_S = 10.0        # nodes > 0: node 0's host name may appear in DNS a little after they start
 _TRACEBACK_LINES = 12
 _STACK_DUMP_S = 1.0            # a stalled job's ranks write their stacks before they are stopped
-_USER_ERROR_EXIT = 2             # msdist.cluster.cli.cli_main's status for a UserError
+_USER_ERROR_EXIT = 2             # msdist.base.cli.cli_main's status for a UserError
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
 
 
@@ -89,7 +89,7 @@ class Plan:
 def _die_with_launcher() -> None:
     """Runs in each worker before exec: the kernel kills it if the launcher dies, even by SIGKILL."""
     # Without it (not glibc) SIGTERM/Ctrl-C cleanup still works; only a launcher SIGKILL could orphan.
-    job.set_parent_death_signal(signal.SIGKILL)
+    rendezvous.set_parent_death_signal(signal.SIGKILL)
 
 
 @dataclass
@@ -108,7 +108,7 @@ def _log_paths(log_dir: str, rank: int) -> List[str]:
 
 def worker_env(plan: Plan, local_rank: int, host: str, port: int) -> Dict[str, str]:
     """The variables a local rank gets on top of the launcher's environment."""
-    return {**job.cluster_env(host, port, plan.world_size), "MS_ROLE": "MS_WORKER",
+    return {**rendezvous.cluster_env(host, port, plan.world_size), "MS_ROLE": "MS_WORKER",
             "MS_NODE_ID": str(plan.global_rank(local_rank)), "MSDIST_LOCAL_RANK": str(local_rank),
             "MSDIST_LOCAL_WORLD_SIZE": str(plan.nproc)}
 
@@ -299,11 +299,11 @@ class _Stop(Exception):
 
 def _pick_port(plan: Plan, attempt: int) -> int:
     if plan.master_port == 0:
-        return job.free_port(plan.master_addr)
+        return rendezvous.free_port(plan.master_addr)
     if plan.node_rank == 0 and attempt > 0:
         # The previous scheduler was just killed; its socket can linger briefly.
         deadline = time.monotonic() + _PORT_RELEASE_S
-        while job.port_in_use(plan.master_addr, plan.master_port) and time.monotonic() < deadline:
+        while rendezvous.port_in_use(plan.master_addr, plan.master_port) and time.monotonic() < deadline:
             time.sleep(0.5)
     return plan.master_port
 
@@ -318,7 +318,7 @@ def _with_cluster_cause(failure: Failure, scheduler: Optional[subprocess.Popen],
                        else _SCHEDULER_VERDICT_S)
     except subprocess.TimeoutExpired:
         return failure
-    cause = job.describe_timeout(job.scheduler_verdict(os.path.join(log_dir, "scheduler.log")))
+    cause = rendezvous.describe_timeout(rendezvous.scheduler_verdict(os.path.join(log_dir, "scheduler.log")))
     if cause:
         failure.how = f"{failure.how}, after {cause}"
     return failure
@@ -362,12 +362,12 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[st
         try:
             if plan.node_rank == 0:
                 _new_generation(plan)
-                scheduler = job.start_scheduler(plan.master_addr, port, plan.world_size,
+                scheduler = rendezvous.start_scheduler(plan.master_addr, port, plan.world_size,
                                                     os.path.join(plan.log_dir, "scheduler.log"))
             elif attempt > 0:
                 _wait_for_new_generation(plan, joined.get("generation", ""))
             # Workers that find no scheduler back off for tens of seconds, so only start them once it listens.
-            job.wait_until_listening(plan.master_addr, port, plan.startup_timeout)
+            rendezvous.wait_until_listening(plan.master_addr, port, plan.startup_timeout)
         except RuntimeError as e:
             where = "" if plan.node_rank == 0 else "; check --master_addr/--master_port and that node 0's launcher runs"
             return Failure(None, f"{e}{where}")
@@ -393,8 +393,8 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[st
                 return None
             if scheduler is not None and scheduler.poll() not in (None, 0):
                 log = os.path.join(plan.log_dir, "scheduler.log")
-                verdict = job.scheduler_verdict(log)
-                how = job.describe_timeout(verdict) or verdict or f"exit code {scheduler.returncode}"
+                verdict = rendezvous.scheduler_verdict(log)
+                how = rendezvous.describe_timeout(verdict) or verdict or f"exit code {scheduler.returncode}"
                 return Failure(None, f"{how} (see {log})")
             time.sleep(_POLL_S)
     finally:
@@ -423,7 +423,7 @@ def _report(failure: Failure, stopped_in_s: float, log_dir: str) -> None:
 def supervise(plan: Plan) -> int:
     """Run attempts until one succeeds or the restart budget is spent; return the exit status."""
     os.makedirs(plan.log_dir, exist_ok=True)
-    if plan.node_rank == 0 and plan.master_port and job.port_in_use(plan.master_addr, plan.master_port):
+    if plan.node_rank == 0 and plan.master_port and rendezvous.port_in_use(plan.master_addr, plan.master_port):
         raise ConfigError(f"--master_port {plan.master_port} is already in use on {plan.master_addr}; "
                           "choose another port or omit --master_port to pick a free one")
     train_args = plan.train_args
@@ -462,7 +462,7 @@ def run(plan: Plan) -> int:
     """Supervise the job `plan` describes until it ends; SIGTERM or Ctrl-C stop every process it started."""
     # MindSpore's cluster accepts only literal IPs: a host name is resolved here, once, for every rank.
     # Other nodes may start before node 0's name is in DNS (Kubernetes), so they retry for a few seconds.
-    plan = dataclasses.replace(plan, master_addr=job.resolve_host(
+    plan = dataclasses.replace(plan, master_addr=rendezvous.resolve_host(
         plan.master_addr, "--master_addr", retry_s=_RESOLVE_RETRY_S if plan.node_rank else 0.0))
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)

@@ -26,7 +26,7 @@ import threading
 import time
 
 from msdist.cluster import heartbeat
-from msdist.cluster.job import LaunchEnv
+from msdist.base.launch_env import LaunchEnv
 
 _POLL_S = 1.0
 _REPORT_GRACE_S = 5.0    # a rank other than the reporter waits this long for the reporter's record

@@ -12,7 +12,7 @@ import numpy as np
 
 from models import DEFAULT_CONVENTION
 from msdist.cluster import runtime
-from msdist.cluster.errors import DataError, alike_on_every_rank
+from msdist.base.errors import DataError, alike_on_every_rank
 from msdist.data import augment, pipeline, plan
 from msdist.run import config
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, List, Optional, Sequence
 import yaml
 
 from msdist.cluster import heartbeat
-from msdist.cluster.errors import ConfigError, first_line
+from msdist.base.errors import ConfigError, first_line
 from msdist.cluster.runtime import CPU_ISA_CHOICES
 from msdist.engine import precision
 
