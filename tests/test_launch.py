@@ -288,7 +288,7 @@ def test_stall_limit_is_startup_timeout_until_the_first_step(tmp_path):
                        "global_step": 0}, f)
         sleeper.send_signal(signal.SIGSTOP)
         deadline = time.monotonic() + 5
-        while not supervisor._is_stopped(sleeper.pid) and time.monotonic() < deadline:
+        while not heartbeat.is_stopped(sleeper.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         failure = supervisor._check_worker(worker, plan)
         assert "(process stopped) (--stall_silence_timeout 10)" in failure.how

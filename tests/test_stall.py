@@ -6,6 +6,7 @@ heartbeat and watchdog threads keep running, the way a rank stuck in a collectiv
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -63,17 +64,22 @@ def test_one_option_family_for_the_launcher_and_the_ranks(capsys):
 
 
 def test_the_watchdog_obeys_the_silence_limit_too(tmp_path):
-    """A rank whose heartbeat stopped changing is a stall past --stall_silence_timeout (after its first step)
-    or --stall_startup_timeout (before it), as the launcher's supervisor decides; not while it finishes."""
+    """A live process of this host whose heartbeat stopped changing is a stall past --stall_silence_timeout
+    (after its first step) or --stall_startup_timeout (before it), as the launcher's supervisor decides; a
+    rank whose process ended, or another host's, is left to its launcher and to the progress limit."""
     policy = StallPolicy(stall_timeout=1000.0, stall_startup_timeout=50.0, stall_silence_timeout=20.0)
-    for epoch, phase, silent_s, stalled in ((4, "train step", 25, True), (4, "train step", 15, False),
-                                            (0, "start-up", 25, False), (0, "start-up", 55, True),
-                                            (4, "finish", 25, False)):
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    here, alive = socket.gethostname(), os.getpid()
+    for epoch, silent_s, host, pid, stalled in ((4, 25, here, alive, True), (4, 15, here, alive, False),
+                                                (0, 25, here, alive, False), (0, 55, here, alive, True),
+                                                (4, 25, here, ended.pid, False), (4, 25, "elsewhere", alive, False)):
         tracker = heartbeat.Tracker({0: heartbeat.path_for(str(tmp_path), 0)})
-        _write_beat(tmp_path, 0, epoch=epoch, phase=phase, phase_s=1.0, limit_s=1000.0, time=time.time() + silent_s)
+        _write_beat(tmp_path, 0, epoch=epoch, phase="train step", phase_s=1.0, limit_s=1000.0, host=host, pid=pid,
+                    time=time.time() + silent_s)
         tracker.poll()
         tracker._seen[0] = (tracker._seen[0][0], time.monotonic() - silent_s)
-        assert (heartbeat.find_stall(tracker.poll(), policy) is not None) == stalled, (epoch, phase, silent_s)
+        assert (heartbeat.find_stall(tracker.poll(), policy) is not None) == stalled, (epoch, silent_s, host, pid)
 
 
 def _limit(policy, phase, **kw):

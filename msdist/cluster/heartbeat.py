@@ -276,9 +276,27 @@ class Stall:
                 "ranks": {str(s.rank): s.beat for s in [self.culprit, *self.others]}}
 
 
+def _process_state(pid: int) -> str:
+    """The state letter of a process of this host from /proc/PID/stat ("R", "S", "T"...), "" when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]  # the field after "(command name)"
+    except (OSError, IndexError):
+        return ""
+
+
+def is_stopped(pid: int) -> bool:
+    """True when the process is stopped (SIGSTOP, SIGTSTP, a debugger)."""
+    return _process_state(pid) in ("T", "t")
+
+
 def _too_long_silent(state: RankState, policy: StallPolicy) -> bool:
-    """Silent past the policy's limit; a rank in "finish" goes silent by ending (its progress limit still holds)."""
-    return state.beat.get("phase") != "finish" and state.silent_s > policy.silence_limit(state.beat, stopped=False)[0]
+    """Silent past the policy's silence limit, judged for a process seen alive on this host only: a rank whose
+    process ended is gone, not silent (its launcher reports the exit), and another host's cannot be told apart."""
+    pid = state.beat.get("pid")
+    if state.beat.get("host") != socket.gethostname() or not pid or _process_state(pid) in ("", "Z", "X"):
+        return False
+    return state.silent_s > policy.silence_limit(state.beat, is_stopped(pid))[0]
 
 
 def find_stall(states: Sequence[RankState], policy: StallPolicy) -> Optional[Stall]:

@@ -164,16 +164,6 @@ def _stop_all(workers: List[_Worker], scheduler: Optional[subprocess.Popen]) -> 
         scheduler.wait()
 
 
-def _is_stopped(pid: int) -> bool:
-    """True when the process is stopped (SIGSTOP, SIGTSTP, a debugger), from /proc/PID/stat."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]  # the field after "(command name)"
-    except (OSError, IndexError):
-        return False
-    return state in ("T", "t")
-
-
 def _check_worker(w: _Worker, plan: Plan) -> Optional[Failure]:
     code = w.proc.poll()
     beat = heartbeat.read(w.heartbeat_path)
@@ -186,7 +176,7 @@ def _check_worker(w: _Worker, plan: Plan) -> Optional[Failure]:
                        user_error=code == _USER_ERROR_EXIT)
     if code is not None:
         return None
-    stopped = _is_stopped(w.proc.pid)
+    stopped = heartbeat.is_stopped(w.proc.pid)
     limit, option = plan.stall.silence_limit(beat, stopped)
     alive_at = beat["time"] if beat is not None else w.started
     silent = time.time() - alive_at
