@@ -18,9 +18,9 @@ import sys
 import tempfile
 
 from msdist.base import launch_env
-from msdist.cluster import device, distributed, heartbeat, job, runtime
 from msdist.base.cli import cli_main
 from msdist.base.errors import UserError, alike_on_every_rank
+from msdist.cluster import device, distributed, heartbeat, job, runtime
 from msdist.run import checkpoint, config, monitor, startup
 
 

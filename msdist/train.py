@@ -8,9 +8,9 @@ import os
 import tempfile
 import time
 
-from msdist.cluster import heartbeat, runtime, stall, watchdog
 from msdist.base.cli import cli_main
 from msdist.base.errors import ConfigError
+from msdist.cluster import heartbeat, runtime, stall, watchdog
 from msdist.run import build, config, monitor, startup
 
 _logger = logging.getLogger("msdist.train")

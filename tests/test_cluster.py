@@ -14,8 +14,8 @@ import pytest
 
 from conftest import REPO, base_env
 from msdist.base import launch_env
-from msdist.cluster import job, rendezvous
 from msdist.base.errors import ConfigError
+from msdist.cluster import job, rendezvous
 
 MPI = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
        "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_MCA_ess_base_jobid": "77"}

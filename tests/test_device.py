@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from conftest import REPO, base_env
+from msdist.base.errors import ConfigError
 from msdist.cluster import device
 from msdist.cluster.device import GpuProbe
-from msdist.base.errors import ConfigError
 
 NO_GPU = GpuProbe(plugin_loaded=False, visible_devices=0, nvidia_present=False)
 GPU_PLUGIN_ERROR = "Load dynamic library: libmindspore_gpu.so.11.6 failed. libcudnn.so.8: cannot open shared object file"

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 from msdist import launch
+from msdist.base.errors import ConfigError, DataError
 from msdist.cluster import failures, heartbeat, supervisor
 from msdist.cluster.rendezvous import free_port
-from msdist.base.errors import ConfigError, DataError
 from msdist.run import checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

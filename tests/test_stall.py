@@ -17,10 +17,10 @@ import pytest
 from conftest import REAL_DATA, TINY_CONFIG, base_env, mpirun, msrun, tiny_args
 from faults import freeze_main_thread
 from test_launch import Job
-from msdist.cluster import heartbeat
-from msdist.cluster.stall import StallPolicy
-from msdist.cluster.rendezvous import free_port
 from msdist.base.errors import ConfigError
+from msdist.cluster import heartbeat
+from msdist.cluster.rendezvous import free_port
+from msdist.cluster.stall import StallPolicy
 from msdist.run import monitor
 
 RUN_LIMIT_S = 300

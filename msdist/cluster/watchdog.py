@@ -25,8 +25,8 @@ import sys
 import threading
 import time
 
-from msdist.cluster import heartbeat
 from msdist.base.launch_env import LaunchEnv
+from msdist.cluster import heartbeat
 from msdist.cluster.stall import StallPolicy
 
 _POLL_S = 1.0

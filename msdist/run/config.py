@@ -17,8 +17,8 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import yaml
 
-from msdist.cluster import stall
 from msdist.base.errors import ConfigError, first_line
+from msdist.cluster import stall
 from msdist.cluster.runtime import CPU_ISA_CHOICES
 from msdist.engine import precision
 

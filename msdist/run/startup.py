@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Callable, Sequence, Tuple
 
 from msdist.base import launch_env
-from msdist.cluster import device, distributed, job, runtime
 from msdist.base.errors import ConfigError, alike_on_every_rank
+from msdist.cluster import device, distributed, job, runtime
 from msdist.data import pipeline, plan
 from msdist.engine import precision
 from msdist.run import config
