@@ -17,6 +17,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import yaml
 
+from msdist.base import launch_env
 from msdist.base.errors import ConfigError, first_line
 from msdist.cluster import stall
 from msdist.cluster.runtime import CPU_ISA_CHOICES
@@ -284,13 +285,14 @@ def _split_unknown(parser: ArgumentParser, argv: Sequence[str], known: Sequence[
 
 def renamed_to_current(argv: Sequence[str]) -> List[str]:
     """`argv` with options that were renamed (`stall.RENAMED`) written under their current names; one line
-    on stderr names each new name, so that scripts move over."""
+    on stderr names each new name, so that scripts move over (from rank 0 only: every rank reads the same)."""
     out = []
     for token in argv:
         key, eq, value = token[2:].partition("=") if token.startswith("--") else ("", "", "")
         if key in stall.RENAMED:
-            print(f"msdist: --{key} is now --{stall.RENAMED[key]} (docs/launch.md#stall-options)", file=sys.stderr,
-                  flush=True)
+            if launch_env.detect_launch().rank == 0:
+                print(f"msdist: --{key} is now --{stall.RENAMED[key]} (docs/launch.md#stall-options)",
+                      file=sys.stderr, flush=True)
             token = f"--{stall.RENAMED[key]}{eq}{value}"
         out.append(token)
     return out
