@@ -1,6 +1,7 @@
 """Rank set-up that needs MindSpore: device choice, cluster init, the mpirun/srun bridge, collectives.
 
-How the process was started is decided MindSpore-free in msdist.base.launch_env and msdist.cluster.job; this module acts on it:
+How the process was started is decided MindSpore-free in msdist.base.launch_env and msdist.cluster.job;
+this module acts on it:
 
 * standalone: world size 1, no communication at all;
 * mpirun on GPU: MindSpore's own OpenMPI path (init("nccl")), with MPI finalized before leaving;
