@@ -139,28 +139,28 @@ def test_the_verdict_names_the_rank_that_holds_the_others_up(tmp_path):
     for rank in (0, 2, 3):
         _write_beat(tmp_path, rank, phase_s=61.0)
     _write_beat(tmp_path, 1, phase="data wait", phase_s=62.0)
-    stall = heartbeat.find_stall(tracker.poll(), StallPolicy())
+    stall = heartbeat.find_stall(tracker.poll(), StallPolicy.from_options({}))
     assert stall is not None and stall.rank == 1
     assert stall.line() == "rank 1 (host a) stuck in data wait at step 37 for 62 s; ranks 0, 2, 3 waiting in step 38"
     assert stall.record()["rank"] == 1 and stall.record()["phase"] == "data wait"
     # Below every limit: no verdict.
     for rank in range(4):
         _write_beat(tmp_path, rank, phase_s=5.0, time=time.time() + rank)
-    assert heartbeat.find_stall(tracker.poll(), StallPolicy()) is None
+    assert heartbeat.find_stall(tracker.poll(), StallPolicy.from_options({})) is None
 
 
 def test_the_rank_behind_and_a_silent_rank_are_blamed(tmp_path):
     tracker = heartbeat.Tracker({r: heartbeat.path_for(str(tmp_path), r) for r in range(2)})
     _write_beat(tmp_path, 0, phase_s=70.0, global_step=38)    # waits in step 39 longer than rank 1 is stuck
     _write_beat(tmp_path, 1, phase="train step", phase_s=3.0)
-    assert heartbeat.find_stall(tracker.poll(), StallPolicy()).rank == 1
+    assert heartbeat.find_stall(tracker.poll(), StallPolicy.from_options({})).rank == 1
     # Same step and phase: the rank whose heartbeat stopped changing is the one stopped.
     tracker = heartbeat.Tracker({r: heartbeat.path_for(str(tmp_path), r) for r in range(2)})
     _write_beat(tmp_path, 0, phase_s=70.0, global_step=37)
     _write_beat(tmp_path, 1, phase_s=3.0)
     tracker.poll()
     tracker._seen[1] = (tracker._seen[1][0], time.monotonic() - 30)   # no new beat from rank 1 for 30 s
-    stall = heartbeat.find_stall(tracker.poll(), StallPolicy())
+    stall = heartbeat.find_stall(tracker.poll(), StallPolicy.from_options({}))
     assert stall.rank == 1 and "no heartbeat for 30 s" in stall.line()
 
 
@@ -170,7 +170,7 @@ def test_in_the_same_phase_the_rank_not_waiting_in_a_collective_is_blamed(tmp_pa
     tracker = heartbeat.Tracker({r: heartbeat.path_for(str(tmp_path), r) for r in range(2)})
     _write_beat(tmp_path, 0, phase="checkpoint save", phase_s=70.0, global_step=12, in_collective=True)
     _write_beat(tmp_path, 1, phase="checkpoint save", phase_s=65.0, global_step=12, in_collective=False)
-    stall = heartbeat.find_stall(tracker.poll(), StallPolicy())
+    stall = heartbeat.find_stall(tracker.poll(), StallPolicy.from_options({}))
     assert stall.line() == ("rank 1 (host a) stuck in checkpoint save at step 12 for 65 s; "
                             "rank 0 waiting in checkpoint save at step 12")
 

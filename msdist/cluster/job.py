@@ -10,7 +10,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from msdist.base.errors import ConfigError
 from msdist.base.launch_env import LaunchEnv
-from msdist.cluster.rendezvous import (cluster_env, collective_wait_env, is_ip, rendezvous_path, slurm_port)
+from msdist.cluster.rendezvous import cluster_env, collective_wait_env, is_ip, rendezvous_path, slurm_port
 
 # Variables that switch MindSpore's init() into its dynamic cluster (UseDynamicCluster() reads
 # MS_ROLE and MS_SCHED_HOST), which MindSpore's own OpenMPI path on GPU must not see.

@@ -66,15 +66,15 @@ class Knob:
 
 
 KNOBS = (
-    Knob("stall_timeout", str, "auto", "end the job when a rank makes no progress for this many seconds (stuck in a "
-         "collective, a dead read, a deadlock): auto = max(300, 10x the median step time); compile, evaluation and "
-         "checkpoint saves get allowances scaled from their own duration; 0 = off (docs/launch.md)",
+    Knob("stall_timeout", str, "auto", "end the job when a rank makes no progress for this many seconds (stuck "
+         "in a collective, a dead read, a deadlock): auto = max(300, 10x the median step time); compile, "
+         "evaluation and checkpoint saves get allowances scaled from their own duration; 0 = off (docs/launch.md)",
          _progress_timeout),
-    Knob("stall_startup_timeout", float, 600.0, "end the job when a rank writes no heartbeat for this many seconds before "
-         "its first training step (cluster init and compile may hold the Python lock)",
+    Knob("stall_startup_timeout", float, 600.0, "end the job when a rank writes no heartbeat for this many "
+         "seconds before its first training step (cluster init and compile may hold the Python lock)",
          _seconds("stall_startup_timeout"), renamed_from="startup_timeout"),
-    Knob("stall_silence_timeout", float, 120.0, "end the job when a rank writes no heartbeat for this many seconds after "
-         "its first training step, or at any time when its process is stopped (SIGSTOP)",
+    Knob("stall_silence_timeout", float, 120.0, "end the job when a rank writes no heartbeat for this many "
+         "seconds after its first training step, or at any time when its process is stopped (SIGSTOP)",
          _seconds("stall_silence_timeout"), renamed_from="heartbeat_timeout"),
 )
 RENAMED = {k.renamed_from: k.name for k in KNOBS if k.renamed_from}
@@ -82,13 +82,14 @@ RENAMED = {k.renamed_from: k.name for k in KNOBS if k.renamed_from}
 
 @dataclass(frozen=True)
 class StallPolicy:
-    """How long a rank may go without progress or without a heartbeat; field names are the options'.
+    """How long a rank may go without progress or without a heartbeat; field names are the options' (`KNOBS`
+    holds their defaults: `from_options({})`).
 
     `stall_timeout` None is `auto`: max(300 s, 10x the median step time); 0 turns the progress watch off.
     """
-    stall_timeout: Optional[float] = None
-    stall_startup_timeout: float = 600.0
-    stall_silence_timeout: float = 120.0
+    stall_timeout: Optional[float]
+    stall_startup_timeout: float
+    stall_silence_timeout: float
 
     @classmethod
     def from_options(cls, values: Mapping[str, Any]) -> "StallPolicy":
