@@ -7,9 +7,9 @@ over exactly the Test set, whatever the world size.
 import os
 import time
 
+from msdist.base.cli import cli_main
 from msdist.cluster import runtime
-from msdist.cluster.cli import cli_main
-from msdist.cluster.files import rank_log_path
+from msdist.base.files import rank_log_path
 from msdist.data import pipeline, plan
 from msdist.run import build, config, evaluation, startup
 from msdist.run.result import write_result

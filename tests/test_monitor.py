@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from msdist import report
-from msdist.cluster.errors import ConfigError
+from msdist.base.errors import ConfigError
 from msdist.run import logs, meter, metrics, progress, result
 from msdist.run.position import Position
 

@@ -35,8 +35,8 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from msdist.cluster.errors import CheckpointError, first_line
-from msdist.cluster.files import atomic_write_text, replace_durably
+from msdist.base.errors import CheckpointError, first_line
+from msdist.base.files import atomic_write_text, replace_durably
 from msdist.run.position import Position
 
 _logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ import os
 from typing import Dict
 
 from models import DEFAULT_CONVENTION
-from msdist.cluster.errors import CheckpointError
+from msdist.base.errors import CheckpointError
 from msdist.data import pipeline
 from msdist.run import checkpoint
 

@@ -3,7 +3,7 @@ import logging
 import os
 from typing import Dict, List, Optional, Sequence
 
-from msdist.cluster.errors import CheckpointError
+from msdist.base.errors import CheckpointError
 from msdist.run import checkpoint
 from msdist.run.checkpoint import CheckpointInfo
 from msdist.run.checkpoint_model import is_training_state, training_state_prefixes

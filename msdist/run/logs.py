@@ -1,10 +1,10 @@
 """Logging set-up: the standard `logging` tree, configured once per process. Every rank writes its own log
-file (`files.rank_log_path`), rank 0 also speaks on stdout."""
+file (`base.files.rank_log_path`), rank 0 also speaks on stdout."""
 import logging
 import os
 import sys
 
-from msdist.cluster.files import rank_log_path
+from msdist.base.files import rank_log_path
 
 _FORMAT = "%(asctime)s rank{rank} %(levelname)s %(message)s"
 

@@ -7,8 +7,8 @@ import os
 import time
 from typing import Optional
 
-from msdist.cluster.errors import ConfigError
-from msdist.cluster.files import atomic_write_text
+from msdist.base.errors import ConfigError
+from msdist.base.files import atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tb"

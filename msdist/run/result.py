@@ -3,7 +3,7 @@ import json
 import os
 from typing import Optional, Sequence, Tuple
 
-from msdist.cluster.files import atomic_write_text
+from msdist.base.files import atomic_write_text
 from msdist.run.progress import format_duration
 
 
