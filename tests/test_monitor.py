@@ -35,6 +35,16 @@ def _records(run_dir, kind):
         return [r for r in map(json.loads, f) if r["kind"] == kind]
 
 
+@pytest.fixture(autouse=True)
+def _msdist_logging_restored():
+    """logs.setup_logging configures msdist's loggers for the process: give later tests (caplog) theirs back."""
+    loggers = [logging.getLogger(name) for name in ("msdist", "msdist.crash")]
+    saved = [(lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+    yield
+    for lg, (handlers, level, propagate) in zip(loggers, saved):
+        lg.handlers, lg.level, lg.propagate = handlers, level, propagate
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """(output_dir, stdout) of a 2-epoch run that evaluates every epoch and writes TensorBoard events."""
