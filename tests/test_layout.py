@@ -54,4 +54,3 @@ def test_train_is_wiring_and_the_package_ships_no_test_scaffolding():
         with open(path, encoding="utf-8") as f:
             text = f.read()
         assert "poison" not in text and "MSDIST_TEST_OVERFLOW" not in text, path
-
