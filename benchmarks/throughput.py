@@ -332,8 +332,8 @@ def worker_allreduce(model: str, reps: str, fusion: str = "fused") -> dict:
 
 def worker_pipeline(ranks: str, batches: str) -> dict:
     """Images/s of one rank's decode + augment + batch, alone, with the workers training would give it."""
-    from msdist.run import startup
-    rt = startup.prepare_tool(int(ranks))
+    from msdist.cluster import runtime
+    rt = runtime.prepare_tool(int(ranks))
     from msdist.data import pipeline
     classes = pipeline.class_map(DATA_DIR)
     split = pipeline.list_split(DATA_DIR, pipeline.TRAIN_SPLIT, classes)

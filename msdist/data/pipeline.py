@@ -118,8 +118,6 @@ def list_split(data_dir: str, split: str, classes: Dict[str, int], exclude: Iter
                  tuple(sorted(classes.items(), key=lambda kv: kv[1])))
 
 
-
-
 def usable_workers(workers: int) -> int:
     """`workers` within 1..cores: MindSpore refuses more dataset workers than the host has cores."""
     return max(1, min(workers, os.cpu_count() or 1))
@@ -157,9 +155,6 @@ class Batches:
 
     def __init__(self, dataset, files: Sequence[str]):
         self.dataset, self.files = dataset, files
-
-    def get_dataset_size(self) -> int:
-        return self.dataset.get_dataset_size()
 
     def create_tuple_iterator(self, **kwargs):
         iterator = self.dataset.create_tuple_iterator(**kwargs)

@@ -16,7 +16,7 @@ from msdist.cluster.errors import DataError, alike_on_every_rank
 from msdist.data import augment, pipeline, plan
 from msdist.run import config
 
-_logger = logging.getLogger("msdist.train")  # the run's start-up lines, under the name they always had
+_logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -17,20 +17,11 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import yaml
 
+from msdist.base.args import ArgumentParser, boolean
 from msdist.cluster import heartbeat
 from msdist.cluster.errors import ConfigError, first_line
 from msdist.cluster.runtime import CPU_ISA_CHOICES
 from msdist.engine import precision
-
-
-def boolean(text: str) -> bool:
-    """`true/false` (also yes/no, on/off, 1/0) from the command line or YAML."""
-    low = str(text).strip().lower()
-    if low in ("true", "1", "yes", "on"):
-        return True
-    if low in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(f"expected true or false, got {text!r}")
 
 
 def fusion_split(text: str) -> List[int]:
@@ -183,16 +174,6 @@ TRAIN_OPTIONS = [
 EVAL_OPTIONS = TRAIN_OPTIONS + [
     _opt("ckpt", str, "", "checkpoint to evaluate", hashed=False),
 ]
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse that raises ConfigError (one line, no usage block) instead of printing and exiting.
-
-    Every msdist CLI uses it, so `cli.cli_main` reports all bad command lines the same way.
-    """
-
-    def error(self, message):
-        raise ConfigError(message)
 
 
 def _metavar(opt: Option) -> str:

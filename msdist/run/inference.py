@@ -7,10 +7,10 @@ class count, input size, normalization, class names and padding convention insid
 import os
 from typing import Dict, Sequence, Tuple
 
+from msdist.base.args import ArgumentParser, boolean
 from msdist.cluster import runtime
 from msdist.data import pipeline
 from msdist.run import checkpoint
-from msdist.run.config import ArgumentParser, boolean
 
 def model_meta(model: str, num_classes: int, image_size: int, classes: Dict[str, int], convention: str) -> dict:
     """What a checkpoint must carry to be used on its own: stored by training in every checkpoint.
@@ -21,14 +21,6 @@ def model_meta(model: str, num_classes: int, image_size: int, classes: Dict[str,
     return {"model": model, "num_classes": num_classes, "image_size": image_size,
             "classes": sorted(classes, key=classes.get), "mean": list(pipeline.MEAN), "std": list(pipeline.STD),
             "convention": convention}
-
-
-def positive_int(text: str) -> int:
-    """argparse type: a whole number of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"{value} is below 1")
-    return value
 
 
 def cli_parser(prog: str, description: str) -> ArgumentParser:

@@ -176,13 +176,3 @@ def start_standalone(device_target: str = "auto", verbose: bool = False, cpu_isa
     distributed.init(job.detect_launch({}), device_target, log_dir="", deterministic=deterministic)
     runtime.configure_mindspore(rt)
     return rt
-
-
-def prepare_tool(local_world_size: int = 1) -> runtime.RuntimeInfo:
-    """Step 4 alone, for a tool that only reads images through MindSpore's dataset engine (`msdist.data
-    check|bench`, pipeline benchmarks): the environment its decoders and threads read when MindSpore loads.
-
-    Args:
-        local_world_size: the ranks this process stands in for, which share the host's cores.
-    """
-    return runtime.prepare(False, "auto", local_world_size)
