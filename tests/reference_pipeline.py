@@ -104,13 +104,15 @@ class _BatchTransform:
         return vision.Resize((self.image_size, self.image_size))(crop).transpose(2, 0, 1)
 
 
-def train_dataset(split, *, batch_size, image_size, epoch, seed, shuffle, augment, padding, world_size, rank,
-                  global_batch, workers, skip_steps=0, regularization=None):
-    """The old `pipeline.build_train_dataset`: a MindSpore dataset of (images, labels) batches."""
+def train_dataset(split, spec, epoch, skip_steps=0):
+    """The old `pipeline.build_train_dataset`: a MindSpore dataset of (images, labels) batches; the same call
+    as the new one (`spec`: pipeline.TrainInput)."""
     import mindspore.dataset as ds
     from mindspore.dataset import vision
 
-    reg = regularization or Regularization()
+    batch_size, image_size, seed, shuffle = spec.batch_size, spec.image_size, spec.seed, spec.shuffle
+    augment, padding, world_size, rank = spec.augment, spec.padding, spec.world_size, spec.rank
+    global_batch, workers, reg = spec.global_batch, spec.workers, spec.regularization
     steps = plan.rank_steps(len(split), global_batch, epoch, seed, shuffle, world_size, rank, skip_steps)
     mixes = None
     if reg.mixing:

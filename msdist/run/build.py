@@ -13,23 +13,27 @@ import numpy as np
 from models import DEFAULT_CONVENTION
 from msdist.cluster import runtime
 from msdist.cluster.errors import DataError, alike_on_every_rank
-from msdist.data import augment, pipeline, plan
-from msdist.run import config
+from msdist.data import pipeline, plan
+from msdist.run import config, options
 
 _logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Data:
-    """The run's data, resolved once: splits, class map and the per-epoch step plan."""
+    """The run's data, resolved once: splits, class map, this rank's training input and the epoch's steps."""
     classes: Dict[str, int]
     train: "pipeline.Split"
     test: "pipeline.Split"
     excluded: Sequence[str]
-    per_rank_batch: int
+    num_classes: int                      # the model's outputs (`options.num_classes`)
+    train_input: "pipeline.TrainInput"   # what every epoch's training dataset is built from
     steps_per_epoch: int
-    workers: int
-    regularization: "augment.Regularization"   # the per-sample options beyond crop and flip
+    eval_batch: int                       # per rank
+
+    @property
+    def per_rank_batch(self) -> int:
+        return self.train_input.batch_size
 
 
 def checked_classes(cfg, dist, collectives) -> Tuple[Dict[str, int], Sequence[str]]:
@@ -52,9 +56,10 @@ def load_data(cfg, dist, collectives, rt) -> Data:
             raise DataError(f"{len(train_split)} training images cannot fill one global batch of {cfg.batch_size}; "
                             "lower --batch_size")
         test_split = pipeline.list_split(cfg.data_dir, pipeline.TEST_SPLIT, classes, exclude=excluded)
-    data = Data(classes, train_split, test_split, excluded, plan.per_rank_batch(cfg.batch_size, dist.world_size),
-                steps, cfg.num_workers or rt.threads_per_rank,
-                augment.regularization_from(cfg, cfg.num_classes or len(classes)))
+    outputs = options.num_classes(cfg, classes)
+    spec = options.train_input(cfg, dist.world_size, dist.rank, options.workers(cfg, rt), outputs)
+    data = Data(classes, train_split, test_split, excluded, outputs, spec, steps,
+                options.eval_batch(cfg, spec.batch_size))
     _logger.info("world size %d (%s, %s) | global batch %d = %d per rank | %d classes | %d train / %d test images"
                  " | %d steps/epoch (%d left over) | %s", dist.world_size, dist.device_target,
                  dist.backend or "standalone", cfg.batch_size, data.per_rank_batch, len(classes), len(train_split),
@@ -116,7 +121,7 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
     with alike_on_every_rank():  # every rank reads the same file
         source = weights.read(cfg.pretrained) if cfg.pretrained else None
     convention = _convention(cfg, dist.rank, source)
-    net = step.build_network(cfg.model, cfg.num_classes or len(data.classes), cfg.zero_init_last_bn, cfg.sync_bn,
+    net = step.build_network(cfg.model, data.num_classes, cfg.zero_init_last_bn, cfg.sync_bn,
                              dist.world_size, convention)
     if source is not None:  # before resume, which overrides it
         with alike_on_every_rank():
@@ -124,8 +129,7 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
     if cfg.freeze_backbone:
         weights.freeze_backbone(net)
     net = step.mixed_precision(net, amp_level, cfg.amp_dtype)
-    lrs = optim.lr_schedule(cfg.lr_schedule, cfg.lr * dist.world_size if cfg.scale_lr else cfg.lr, cfg.epochs,
-                            data.steps_per_epoch, cfg.warmup_epochs, cfg.lr_step_size, cfg.lr_gamma, cfg.min_lr)
+    lrs = options.learning_rates(cfg, dist.world_size, data.steps_per_epoch)
     optimizer = optim.create_optimizer(net.trainable_params(), lrs, cfg.momentum, cfg.weight_decay,
                                        cfg.backbone_lr_scale, weights.HEAD_PREFIX)
     step.split_allreduce_fusion(config.fusion_split(cfg.allreduce_fusion), len(optimizer.parameters),
@@ -135,8 +139,9 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
                                       error_feedback=cfg.error_feedback)
     scaler = loss_scale.LossScaler(scale_plan, dist.world_size, rank=dist.rank)
     # batch_size stays the global batch of one optimizer step; accumulation splits each rank's share.
-    micro_batch = plan.micro_batch_size(data.per_rank_batch, cfg.grad_accum_steps)
-    train_step = step.TrainStep(net, step.create_loss(data.regularization.soft_labels), optimizer, scaler, reducer,
+    micro_batch = options.micro_batch(cfg, dist.world_size)
+    soft_labels = data.train_input.regularization.soft_labels
+    train_step = step.TrainStep(net, step.create_loss(soft_labels), optimizer, scaler, reducer,
                                 cfg.grad_accum_steps)
     _logger.info("gradients: %s | %d micro-batch(es) of %d per rank per optimizer step", cfg.grad_compression,
                  cfg.grad_accum_steps, micro_batch)
@@ -144,8 +149,7 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
     compile_start = time.perf_counter()
     with runtime.compile_cache_scope(rt):  # compiled ahead of the first batch, so a restart can load it
         train_step.compile(ms.Tensor(shape=(micro_batch, 3, cfg.image_size, cfg.image_size), dtype=ms.float32),
-                           step.label_placeholder(micro_batch, data.regularization.num_classes,
-                                                  data.regularization.soft_labels))
+                           step.label_placeholder(micro_batch, data.num_classes, soft_labels))
     compile_seconds = time.perf_counter() - compile_start
     _logger.info("train step compiled in %.1f s", compile_seconds)
     runtime.release_compile_memory()

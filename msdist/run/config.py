@@ -171,6 +171,9 @@ TRAIN_OPTIONS = [
     _opt("eval_batch_size", int, 0, "per-rank evaluation batch; 0 = the per-rank training batch", min=0, hashed=False),
 ]
 
+# Options read together as one (min, max) range: checked once both are resolved, before MindSpore loads.
+RANGES = (("crop_scale_min", "crop_scale_max"), ("crop_ratio_min", "crop_ratio_max"))
+
 EVAL_OPTIONS = TRAIN_OPTIONS + [
     _opt("ckpt", str, "", "checkpoint to evaluate", hashed=False),
 ]
@@ -291,7 +294,16 @@ def parse(argv: Optional[Sequence[str]] = None, options: Sequence[Option] = TRAI
         if value is not None:
             _validate(by_name[name], value, "--")
             values[name] = value
+    _check_ranges(values)
     return argparse.Namespace(config=cli.config, **values)
+
+
+def _check_ranges(values: dict) -> None:
+    """The cross-field rules: each of `RANGES` present in `values` has min <= max."""
+    for low_name, high_name in RANGES:
+        if low_name in values and high_name in values and values[low_name] > values[high_name]:
+            raise ConfigError(f"{low_name}={values[low_name]} exceeds {high_name}={values[high_name]}; "
+                              "pass a range with min <= max")
 
 
 def config_hash(cfg: argparse.Namespace, options: Sequence[Option] = TRAIN_OPTIONS) -> str:

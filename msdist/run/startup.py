@@ -22,9 +22,9 @@ from typing import Callable, Sequence, Tuple
 
 from msdist.cluster import device, distributed, job, runtime
 from msdist.cluster.errors import ConfigError, alike_on_every_rank
-from msdist.data import pipeline, plan
+from msdist.data import pipeline
 from msdist.engine import precision
-from msdist.run import config
+from msdist.run import config, options
 
 Check = Callable[[argparse.Namespace, int], None]  # (config, world size) -> raises a UserError
 
@@ -51,7 +51,7 @@ def check_model(cfg, world_size: int) -> None:
 
 
 def check_batch_split(cfg, world_size: int) -> None:
-    plan.micro_batch_size(plan.per_rank_batch(cfg.batch_size, world_size), cfg.grad_accum_steps)
+    options.micro_batch(cfg, world_size)
 
 
 def check_data_dir(cfg, world_size: int) -> None:
@@ -113,7 +113,7 @@ def compile_cache_path(cfg, world_size: int, device_target: str) -> str:
     # max_steps does not shape the graph: a resume that trains further must find the cache warm.
     graph_options = [o for o in config.TRAIN_OPTIONS if o.name != "max_steps"]
     return runtime.compile_cache_dir(cfg.output_dir, config.config_hash(cfg, graph_options), world_size,
-                                     cfg.num_classes or len(pipeline.class_map(cfg.data_dir)), device_target,
+                                     options.num_classes(cfg, pipeline.class_map(cfg.data_dir)), device_target,
                                      precision.resolve_amp_level(cfg.amp_level, device_target))
 
 
