@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 
 from msdist.data import plan
-from msdist.data.augment import Regularization, resized_crop_box, soft_labels
+from msdist.data.augment import resized_crop_box, soft_labels
 from msdist.data.pipeline import MEAN, STD
 
 _GRAY = np.array([0.299, 0.587, 0.114], dtype=np.float32).reshape(1, 3, 1, 1)

@@ -105,14 +105,16 @@ def test_msdist_has_no_import_cycle():
 
 def _layer(module: str) -> str:
     parts = module.split(".")
-    if len(parts) >= 2 and parts[1] in ("cluster", "engine", "data", "run") and parts[-1] != "__main__":
+    if len(parts) >= 2 and parts[1] in ("base", "cluster", "engine", "data", "run"):
         return parts[1]
     return "top" if module == "msdist" else "face"
 
 
 # Which layers each layer may import (docs/architecture.md): arrows point down only.
-ALLOWED = {"cluster": {"cluster"}, "engine": {"engine", "cluster"}, "data": {"data", "cluster"},
-           "run": {"run", "engine", "data", "cluster"}, "face": {"face", "run", "engine", "data", "cluster"}}
+# base/args.py reaches the error family in cluster/ until cluster's leaves move to base/ (#31 item 4).
+ALLOWED = {"base": {"base", "cluster"}, "cluster": {"cluster", "base"}, "engine": {"engine", "cluster", "base"},
+           "data": {"data", "cluster", "base"}, "run": {"run", "engine", "data", "cluster", "base"},
+           "face": {"face", "run", "engine", "data", "cluster", "base"}}
 
 
 def test_imports_point_down_the_layers():

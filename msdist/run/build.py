@@ -41,8 +41,8 @@ def checked_classes(cfg, dist, collectives) -> Tuple[Dict[str, int], Sequence[st
 
     All ranks leave out the same files, so the class map and the shards agree everywhere.
     """
-    from msdist.data import check as data_check
-    excluded = data_check.shared_exclusions(cfg.data_dir, cfg.bad_images == "skip", dist.rank, collectives)
+    from msdist.data import shared_check
+    excluded = shared_check.shared_exclusions(cfg.data_dir, cfg.bad_images == "skip", dist.rank, collectives)
     return pipeline.class_map(cfg.data_dir), excluded
 
 
