@@ -95,6 +95,9 @@ def test_crop_ranges_must_be_ordered():
         config.parse(["--crop_scale_min", "0.9", "--crop_scale_max", "0.5"])
     with pytest.raises(ConfigError, match="crop_ratio_min=2.0 exceeds crop_ratio_max"):
         config.parse(["--crop_ratio_min", "2"])
+    from msdist import launch
+    with pytest.raises(ConfigError, match="crop_scale_min=0.9 exceeds crop_scale_max=0.5"):
+        launch.parse_args(["-n", "2", "--crop_scale_min", "0.9", "--crop_scale_max", "0.5"])
 
 
 def test_reader_follows_msdist_listing_with_excluded_files_and_mixed_extensions(data_dir, tmp_path):

@@ -1,0 +1,48 @@
+"""run/options.py: the options resolved once into what data/ and engine/ take."""
+import numpy as np
+import pytest
+
+from msdist.cluster.errors import ConfigError, DataError
+from msdist.data import pipeline
+from msdist.data.augment import Regularization
+from msdist.engine import optim
+from msdist.run import config, options
+
+
+def test_every_derived_value_falls_back_only_when_its_option_is_zero():
+    classes = {"apple": 0, "lemon": 1, "mango": 2}
+    derived, given = config.parse([]), config.parse(["--num_classes", "7", "--num_workers", "3",
+                                                     "--eval_batch_size", "5"])
+
+    class Runtime:
+        threads_per_rank = 2
+    assert (options.num_classes(derived, classes), options.workers(derived, Runtime), options.eval_batch(derived, 8)) \
+        == (3, 2, 8)
+    assert (options.num_classes(given, classes), options.workers(given, Runtime), options.eval_batch(given, 8)) \
+        == (7, 3, 5)
+
+
+def test_train_input_is_this_rank_s_share_with_the_options_it_names():
+    cfg = config.parse(["--batch_size", "16", "--image_size", "40", "--seed", "9", "--shuffle", "false",
+                        "--crop_padding", "2", "--train_crop", "random_resized", "--crop_scale_min", "0.3",
+                        "--mixup", "0.2", "--label_smoothing", "0.1"])
+    spec = options.train_input(cfg, world_size=2, rank=1, workers_per_rank=3, classes=4)
+    assert spec == pipeline.TrainInput(image_size=40, global_batch=16, seed=9, shuffle=False, augment=True, padding=2,
+                                       workers=3, world_size=2, rank=1, regularization=Regularization(
+                                           "random_resized", (0.3, 1.0), (0.75, 4 / 3), 0.0, 0.2, 0.0, 0.1, 4))
+    assert spec.batch_size == 8
+    with pytest.raises(DataError, match="must divide evenly over 3 ranks"):
+        options.train_input(cfg, world_size=3, rank=0, workers_per_rank=1, classes=4).batch_size
+
+
+def test_learning_rates_scale_by_the_world_size_only_with_scale_lr():
+    plain, scaled = config.parse(["--lr", "0.1", "--epochs", "2"]), config.parse(["--lr", "0.1", "--epochs", "2",
+                                                                                  "--scale_lr", "true"])
+    np.testing.assert_array_equal(options.learning_rates(plain, 4, 3), optim.lr_schedule("constant", 0.1, 2, 3))
+    np.testing.assert_array_equal(options.learning_rates(scaled, 4, 3), optim.lr_schedule("constant", 0.4, 2, 3))
+
+
+def test_micro_batch_splits_the_rank_s_share_or_refuses_before_mindspore_loads():
+    assert options.micro_batch(config.parse(["--batch_size", "16", "--grad_accum_steps", "4"]), 2) == 2
+    with pytest.raises(ConfigError, match="grad_accum_steps 3"):
+        options.micro_batch(config.parse(["--batch_size", "16", "--grad_accum_steps", "3"]), 2)
