@@ -14,7 +14,7 @@ from models import DEFAULT_CONVENTION
 from msdist.cluster import runtime
 from msdist.cluster.errors import DataError, alike_on_every_rank
 from msdist.data import pipeline, plan
-from msdist.run import config, options
+from msdist.run import options
 
 _logger = logging.getLogger(__name__)
 
@@ -113,11 +113,9 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
 
     from msdist.engine import ema, loss_scale, optim, precision, reducers, step
     from msdist.run import weights
-    amp_level = precision.resolve_amp_level(cfg.amp_level, dist.device_target)
+    plan = options.step_plan(cfg, dist.device_target, dist.world_size)
     precision.warn_if_no_speedup(cfg.amp_level, dist.device_target)
-    scale_plan = precision.loss_scale_plan(cfg.loss_scale, amp_level, cfg.amp_dtype, cfg.grad_compression)
-    _logger.info("precision: amp %s | loss scale %s", amp_level if amp_level == "O0" else f"{amp_level} "
-                 f"{cfg.amp_dtype}", scale_plan.describe())
+    _logger.info("precision: %s", plan.describe_precision())
     with alike_on_every_rank():  # every rank reads the same file
         source = weights.read(cfg.pretrained) if cfg.pretrained else None
     convention = _convention(cfg, dist.rank, source)
@@ -128,27 +126,25 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
             weights.load_pretrained(net, source, cfg.model)
     if cfg.freeze_backbone:
         weights.freeze_backbone(net)
-    net = step.mixed_precision(net, amp_level, cfg.amp_dtype)
+    net = step.mixed_precision(net, plan.amp_level, plan.amp_dtype)
     lrs = options.learning_rates(cfg, dist.world_size, data.steps_per_epoch)
     optimizer = optim.create_optimizer(net.trainable_params(), lrs, cfg.momentum, cfg.weight_decay,
                                        cfg.backbone_lr_scale, weights.HEAD_PREFIX)
-    step.split_allreduce_fusion(config.fusion_split(cfg.allreduce_fusion), len(optimizer.parameters),
-                                dist.world_size)
-    reducer = reducers.create_reducer(cfg.grad_compression, optimizer.parameters, dist.world_size,
-                                      topk_ratio=cfg.topk_ratio, threshold=cfg.threshold,
-                                      error_feedback=cfg.error_feedback)
-    scaler = loss_scale.LossScaler(scale_plan, dist.world_size, rank=dist.rank)
+    step.split_allreduce_fusion(plan.fusion, len(optimizer.parameters), dist.world_size)
+    reducer = reducers.create_reducer(plan.grad_compression, optimizer.parameters, dist.world_size,
+                                      topk_ratio=plan.topk_ratio, threshold=plan.threshold,
+                                      error_feedback=plan.error_feedback)
+    scaler = loss_scale.LossScaler(plan.loss_scale, dist.world_size, rank=dist.rank)
     # batch_size stays the global batch of one optimizer step; accumulation splits each rank's share.
-    micro_batch = options.micro_batch(cfg, dist.world_size)
+    micro_batch, size = plan.micro_batch, data.train_input.image_size
     soft_labels = data.train_input.regularization.soft_labels
-    train_step = step.TrainStep(net, step.create_loss(soft_labels), optimizer, scaler, reducer,
-                                cfg.grad_accum_steps)
-    _logger.info("gradients: %s | %d micro-batch(es) of %d per rank per optimizer step", cfg.grad_compression,
-                 cfg.grad_accum_steps, micro_batch)
+    train_step = step.TrainStep(net, step.create_loss(soft_labels), optimizer, scaler, reducer, plan.accum_steps)
+    _logger.info("gradients: %s | %d micro-batch(es) of %d per rank per optimizer step", plan.grad_compression,
+                 plan.accum_steps, micro_batch)
     train_step.set_train(True)
     compile_start = time.perf_counter()
     with runtime.compile_cache_scope(rt):  # compiled ahead of the first batch, so a restart can load it
-        train_step.compile(ms.Tensor(shape=(micro_batch, 3, cfg.image_size, cfg.image_size), dtype=ms.float32),
+        train_step.compile(ms.Tensor(shape=(micro_batch, 3, size, size), dtype=ms.float32),
                            step.label_placeholder(micro_batch, data.num_classes, soft_labels))
     compile_seconds = time.perf_counter() - compile_start
     _logger.info("train step compiled in %.1f s", compile_seconds)

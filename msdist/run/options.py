@@ -6,13 +6,15 @@ plain values. Every fallback of the form "0 = derive it" is decided here, once, 
 derive it differently. The checks over option values and the world size run earlier, in `config.parse`
 and `startup.OPTION_CHECKS`, before MindSpore loads.
 """
-from typing import Dict
+from dataclasses import dataclass
+from typing import Dict, Tuple
 
 import numpy as np
 
 from msdist.cluster import runtime
 from msdist.data import augment, pipeline, plan
-from msdist.engine import optim
+from msdist.engine import optim, precision
+from msdist.run import config
 
 
 def num_classes(cfg, classes: Dict[str, int]) -> int:
@@ -55,3 +57,40 @@ def learning_rates(cfg, world_size: int, steps_per_epoch: int) -> np.ndarray:
 def micro_batch(cfg, world_size: int) -> int:
     """Each rank's micro-batch: its share of the global batch, split into `--grad_accum_steps`."""
     return plan.micro_batch_size(plan.per_rank_batch(cfg.batch_size, world_size), cfg.grad_accum_steps)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the compiled train step is made of, resolved once for this device and world size.
+
+    Attributes:
+        amp_level: O0, O2 or O3 (`auto` resolved for the device); amp_dtype: float16 or bfloat16.
+        loss_scale: fixed or dynamic, from `--loss_scale` and what carries float16 gradients.
+        grad_compression, topk_ratio, threshold, error_feedback: how gradients cross ranks (engine/reducers.py).
+        fusion: `--allreduce_fusion` as parameter indices; () = one fused group.
+        accum_steps, micro_batch: micro-batches per optimizer step, and each one's size per rank.
+    """
+    amp_level: str
+    amp_dtype: str
+    loss_scale: precision.LossScalePlan
+    grad_compression: str
+    topk_ratio: float
+    threshold: float
+    error_feedback: bool
+    fusion: Tuple[int, ...]
+    accum_steps: int
+    micro_batch: int
+
+    def describe_precision(self) -> str:
+        amp = self.amp_level if self.amp_level == "O0" else f"{self.amp_level} {self.amp_dtype}"
+        return f"amp {amp} | loss scale {self.loss_scale.describe()}"
+
+
+def step_plan(cfg, device_target: str, world_size: int) -> StepPlan:
+    """The train step's plan on `device_target` (CPU or GPU, resolved) in a job of `world_size` ranks."""
+    amp_level = precision.resolve_amp_level(cfg.amp_level, device_target)
+    return StepPlan(amp_level, cfg.amp_dtype,
+                    precision.loss_scale_plan(cfg.loss_scale, amp_level, cfg.amp_dtype, cfg.grad_compression),
+                    cfg.grad_compression, cfg.topk_ratio, cfg.threshold, cfg.error_feedback,
+                    tuple(config.fusion_split(cfg.allreduce_fusion)), cfg.grad_accum_steps,
+                    micro_batch(cfg, world_size))
