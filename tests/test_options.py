@@ -56,3 +56,10 @@ def test_step_plan_resolves_precision_for_the_device_and_names_the_step_s_option
     gpu = options.step_plan(config.parse(["--grad_compression", "fp16", "--allreduce_fusion", "85,160"]), "GPU", 1)
     assert (gpu.amp_level, gpu.loss_scale.dynamic, gpu.grad_compression, gpu.fusion) == ("O2", True, "fp16",
                                                                                          (85, 160))
+
+
+def test_eval_refuses_a_global_batch_the_ranks_cannot_share_before_mindspore_loads():
+    from msdist.run import startup
+    assert startup.check_per_rank_batch in startup.EVAL_CHECKS
+    with pytest.raises(DataError, match="must divide evenly over 3 ranks"):
+        startup.check_per_rank_batch(config.parse(["--batch_size", "16"]), 3)

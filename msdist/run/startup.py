@@ -22,7 +22,7 @@ from typing import Callable, Sequence, Tuple
 
 from msdist.cluster import device, distributed, job, runtime
 from msdist.cluster.errors import ConfigError, alike_on_every_rank
-from msdist.data import pipeline
+from msdist.data import pipeline, plan
 from msdist.engine import precision
 from msdist.run import config, options
 
@@ -52,6 +52,11 @@ def check_model(cfg, world_size: int) -> None:
 
 def check_batch_split(cfg, world_size: int) -> None:
     options.micro_batch(cfg, world_size)
+
+
+def check_per_rank_batch(cfg, world_size: int) -> None:
+    """Evaluation's share of the global batch (its per-rank batch unless --eval_batch_size)."""
+    plan.per_rank_batch(cfg.batch_size, world_size)
 
 
 def check_data_dir(cfg, world_size: int) -> None:
@@ -91,7 +96,7 @@ def check_ckpt(cfg, world_size: int) -> None:
 OPTION_CHECKS: Tuple[Check, ...] = (check_model, check_batch_split)
 PATH_CHECKS: Tuple[Check, ...] = (check_data_dir, check_output_dir, check_resume_path, check_pretrained_path)
 TRAIN_CHECKS: Tuple[Check, ...] = OPTION_CHECKS + PATH_CHECKS
-EVAL_CHECKS: Tuple[Check, ...] = (check_ckpt, check_model, check_data_dir, check_output_dir)
+EVAL_CHECKS: Tuple[Check, ...] = (check_ckpt, check_model, check_per_rank_batch, check_data_dir, check_output_dir)
 
 
 def run_checks(cfg, world_size: int, checks: Sequence[Check] = TRAIN_CHECKS) -> None:
