@@ -63,3 +63,12 @@ def test_eval_refuses_a_global_batch_the_ranks_cannot_share_before_mindspore_loa
     assert startup.check_per_rank_batch in startup.EVAL_CHECKS
     with pytest.raises(DataError, match="must divide evenly over 3 ranks"):
         startup.check_per_rank_batch(config.parse(["--batch_size", "16"]), 3)
+
+
+def test_a_frozen_backbone_with_cross_rank_batchnorm_is_refused_by_every_launcher_s_pre_check():
+    from msdist import launch
+    from msdist.run import startup
+    frozen_sync = ["--freeze_backbone", "true", "--sync_bn", "true"]
+    with pytest.raises(ConfigError, match="--freeze_backbone true and --sync_bn true"):
+        launch.parse_args(["-n", "2"] + frozen_sync)
+    startup.check_frozen_backbone(config.parse(frozen_sync), 1)   # one rank: sync_bn keeps plain BatchNorm

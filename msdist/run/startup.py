@@ -54,6 +54,13 @@ def check_batch_split(cfg, world_size: int) -> None:
     options.micro_batch(cfg, world_size)
 
 
+def check_frozen_backbone(cfg, world_size: int) -> None:
+    """sync_bn swaps in cross-rank BatchNorm on more than one rank, which has no frozen mode."""
+    if cfg.freeze_backbone and cfg.sync_bn and world_size > 1:
+        raise ConfigError("--freeze_backbone true and --sync_bn true: a frozen backbone has no batch statistics "
+                          "to synchronize; drop --sync_bn")
+
+
 def check_per_rank_batch(cfg, world_size: int) -> None:
     """Evaluation's share of the global batch (its per-rank batch unless --eval_batch_size)."""
     plan.per_rank_batch(cfg.batch_size, world_size)
@@ -93,7 +100,7 @@ def check_ckpt(cfg, world_size: int) -> None:
 
 
 # What the options alone decide, and what needs this host's files (a launcher on node 0 cannot see node 1's).
-OPTION_CHECKS: Tuple[Check, ...] = (check_model, check_batch_split)
+OPTION_CHECKS: Tuple[Check, ...] = (check_model, check_batch_split, check_frozen_backbone)
 PATH_CHECKS: Tuple[Check, ...] = (check_data_dir, check_output_dir, check_resume_path, check_pretrained_path)
 TRAIN_CHECKS: Tuple[Check, ...] = OPTION_CHECKS + PATH_CHECKS
 EVAL_CHECKS: Tuple[Check, ...] = (check_ckpt, check_model, check_per_rank_batch, check_data_dir, check_output_dir)
