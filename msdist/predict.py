@@ -13,8 +13,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from msdist.base.args import boolean, positive_int
-from msdist.cluster.cli import cli_main
-from msdist.cluster.errors import ConfigError
+from msdist.base.cli import cli_main
+from msdist.base.errors import ConfigError
 from msdist.run import inference, startup
 
 BATCH = 16  # images per forward pass; the last batch is zero-padded so the graph compiles once

@@ -9,7 +9,7 @@ import sys
 from typing import Optional, Sequence
 
 from msdist.base.args import ArgumentParser
-from msdist.cluster.cli import cli_main
+from msdist.base.cli import cli_main
 
 
 def _parse(argv: Optional[Sequence[str]]):

@@ -18,8 +18,8 @@ from typing import List, Optional, Sequence
 import yaml
 
 from msdist.base.args import ArgumentParser
-from msdist.cluster.cli import cli_main
-from msdist.cluster.errors import ConfigError, DataError
+from msdist.base.cli import cli_main
+from msdist.base.errors import ConfigError, DataError
 from msdist.run.monitor import METRICS_FILE, format_duration
 
 # Options every summary shows; any other option whose value differs between the runs is added.

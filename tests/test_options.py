@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from msdist.cluster.errors import ConfigError, DataError
+from msdist.base.errors import ConfigError, DataError
 from msdist.data import pipeline
 from msdist.data.augment import Regularization
 from msdist.engine import optim

@@ -5,7 +5,7 @@ command line is one `ConfigError` line (exit status 2 through `cli_main`) whiche
 """
 import argparse
 
-from msdist.cluster.errors import ConfigError
+from msdist.base.errors import ConfigError
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -9,9 +9,9 @@ import argparse
 import sys
 
 from msdist.base.args import ArgumentParser, boolean
+from msdist.base.cli import cli_main
+from msdist.base.errors import ConfigError, DataError
 from msdist.cluster import runtime
-from msdist.cluster.cli import cli_main
-from msdist.cluster.errors import ConfigError, DataError
 
 
 def _parser() -> argparse.ArgumentParser:

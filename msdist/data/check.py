@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Sequence, Tuple
 
-from msdist.cluster.errors import DataError
+from msdist.base.errors import DataError
 from msdist.data.pipeline import IMAGE_EXTENSIONS, TEST_SPLIT, TRAIN_SPLIT, is_image
 from msdist.data.verdict import BadFile, bad_files
 

@@ -11,8 +11,8 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from msdist.cluster.errors import DataError
-from msdist.cluster.files import atomic_write_text
+from msdist.base.errors import DataError
+from msdist.base.files import atomic_write_text
 from msdist.data.check import (SPLITS, TINY_CLASS, Report, image_files, image_relpaths, report_of,
                                training_exclusions, walk_root)
 from msdist.data.verdict import BadFile, bad_files
