@@ -37,7 +37,7 @@ import numpy as np
 
 from models import DEFAULT_CONVENTION, TORCH_CONVENTION
 from msdist.base.errors import CheckpointError, ConfigError, first_line
-from msdist.run import checkpoint
+from msdist.run import checkpoint, checkpoint_model
 
 _logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def _read_mindspore(path: str) -> Tuple[Dict[str, np.ndarray], str]:
     raw = checkpoint.read_tensors(path)
     meta = json.loads(raw[checkpoint.META_KEY]) if isinstance(raw.get(checkpoint.META_KEY), str) else {}
     tensors = {name: value.asnumpy() for name, value in raw.items() if hasattr(value, "asnumpy")}
-    return tensors, checkpoint.meta_convention(meta)
+    return tensors, checkpoint_model.meta_convention(meta)
 
 
 def read(path: str) -> Source:
