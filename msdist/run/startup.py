@@ -12,8 +12,9 @@
 Steps 1-4 are `start()`. Step 5 is separate because training must claim its output folder and start
 its heartbeat between them. train, eval and check run all five (so do benchmark workers that join a
 job). A process outside any job takes the same steps without a config: `start_standalone` (predict,
-export, in-process benchmarks: steps 4-5 for one process) and `prepare_tool` (`msdist.data check|bench`
-and pipeline benchmarks, which use MindSpore's dataset engine without a context: step 4 only).
+export, in-process benchmarks: steps 4-5 for one process); `msdist.data check|bench` and pipeline
+benchmarks, which use MindSpore's dataset engine without a context, take step 4 alone from
+`runtime.prepare_tool`, below run/ so that the data face imports nothing above data/.
 """
 import argparse
 import os
