@@ -1,0 +1,93 @@
+"""msdist.cluster.device: the device, device id and MindSpore call of every rank, without a GPU.
+
+The decisions are pure functions (probe in, plan out), so the GPU cases run here on invented probes."""
+import pytest
+
+from msdist.base.errors import ConfigError
+from msdist.cluster import device
+from msdist.cluster.device import GpuProbe
+
+
+NO_GPU = GpuProbe(plugin_loaded=False, visible_devices=0, nvidia_present=False)
+
+
+GPU_PLUGIN_ERROR = "Load dynamic library: libmindspore_gpu.so.11.6 failed. libcudnn.so.8: cannot open shared object file"
+
+
+def test_one_visible_gpu_per_rank_is_device_0_set_by_set_device():
+    """srun --gpus-per-task=1 or a per-rank CUDA_VISIBLE_DEVICES: every rank sees one GPU, index 0 (CUDA
+    renumbers the visible devices; the plugin's CudaDriver::SetDevice says "SetDevice for id:N ... If the
+    environment variable 'CUDA_VISIBLE_DEVICES' is set, the total number of GPU will be the number set").
+    Without set_device, communication init would pick local rank 3 for the fourth rank: "SetDevice for id:3"."""
+    plan = device.plan_device("auto", 3, GpuProbe(True, 1, True))
+    assert (plan.target, plan.device_id, plan.call()) == ("GPU", 0, "mindspore.set_device('GPU', 0)")
+    assert "only GPU visible" in plan.why
+
+
+def test_all_gpus_per_rank_use_the_local_rank():
+    """srun with all of the node's GPUs per task, mpirun, msrun, msdist.launch: device = local rank
+    (msrun does the same itself: mindspore/parallel/cluster/process_entity/_api.py
+    `_ProcessManager._start_single_worker` exports DEVICE_ID=local_rank)."""
+    plan = device.plan_device("GPU", 3, GpuProbe(True, 4, True))
+    assert (plan.device_id, plan.call()) == (3, "mindspore.set_device('GPU', 3)")
+    with pytest.raises(ConfigError, match="local rank 3 would use GPU 3 but only 2 GPU"):
+        device.plan_device("GPU", 3, GpuProbe(True, 2, True))
+
+
+def test_auto_refuses_nvidia_hardware_without_a_visible_gpu():
+    """No silent CPU fallback: an empty CUDA_VISIBLE_DEVICES or a Slurm step without GPUs on a GPU host
+    (MindSpore's plugin loads - MSContext.is_pkg_support_device("GPU") - but CUDA counts no device)."""
+    for probe in (GpuProbe(True, 0, True), GpuProbe(False, 0, True, GPU_PLUGIN_ERROR)):
+        with pytest.raises(ConfigError) as e:
+            device.plan_device("auto", 0, probe)
+        assert "NVIDIA hardware" in str(e.value) and "--device_target CPU" in str(e.value)
+        assert "\n" not in str(e.value)
+    assert "libcudnn.so.8" in str(e.value)  # MindSpore's own load error (MSContext.load_plugin_error)
+    # No NVIDIA hardware at all: CPU, and the reason says so.
+    plan = device.plan_device("auto", 0, NO_GPU)
+    assert (plan.target, plan.device_id, plan.call()) == ("CPU", None, "mindspore.set_device('CPU')")
+    assert "no NVIDIA hardware" in plan.why
+    assert device.plan_device("CPU", 0, GpuProbe(True, 2, True)).target == "CPU"  # asked for
+    with pytest.raises(ConfigError, match="--device_target GPU but"):
+        device.plan_device("GPU", 0, NO_GPU)
+
+
+def test_visible_gpus_follow_cuda_visible_devices_as_cuda_reads_it():
+    """CUDA (and so MindSpore's plugin, whose SetDevice message cites CUDA_VISIBLE_DEVICES) hides every
+    device from the first invalid entry on; Slurm writes NoDevFiles for a step without GPUs."""
+    count = device.visible_gpu_count
+    assert count({}, 8) == 8
+    assert count({"CUDA_VISIBLE_DEVICES": ""}, 8) == 0
+    assert count({"CUDA_VISIBLE_DEVICES": "-1"}, 8) == 0
+    assert count({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}, 8) == 0
+    assert count({"CUDA_VISIBLE_DEVICES": "2"}, 8) == 1
+    assert count({"CUDA_VISIBLE_DEVICES": "0,1,-1,3"}, 8) == 2
+    assert count({"CUDA_VISIBLE_DEVICES": "GPU-8f6c1a2e-1b3d-4c5e-9f7a-0a1b2c3d4e5f,1"}, 8) == 2
+
+
+def test_host_probe_reads_dev_and_proc_under_a_root(tmp_path):
+    """The files --plan reads instead of MindSpore (which reads the same driver through CUDA): /dev/nvidiaN,
+    /proc/driver/nvidia, and the GPU plugin the wheel ships (mindspore/lib/plugin/libmindspore_gpu.so.*)."""
+    (tmp_path / "dev").mkdir()
+    empty = device.host_probe({"CUDA_VISIBLE_DEVICES": "0"}, str(tmp_path))
+    assert (empty.nvidia_present, empty.visible_devices) == (False, 0)  # no driver: CUDA sees nothing
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"):
+        (tmp_path / "dev" / name).touch()
+    probe = device.host_probe({}, str(tmp_path))
+    assert (probe.nvidia_present, probe.visible_devices) == (True, 2)
+    assert device.host_probe({"CUDA_VISIBLE_DEVICES": "1"}, str(tmp_path)).visible_devices == 1
+    assert device.gpu_plugin_in_wheel().rsplit("/", 1)[-1].startswith("libmindspore_gpu.so")
+
+
+def test_gpu_preflight_judges_the_device_id_training_uses():
+    """msdist.check's pre-flight asks plan_device, so it accepts one GPU per rank (device 0 through
+    set_device) and refuses a local rank past the visible GPUs."""
+    assert device.gpu_preflight(NO_GPU, 1, {}) == []
+    [line] = device.gpu_preflight(GpuProbe(False, 0, True, GPU_PLUGIN_ERROR), 1, {})
+    assert "libcudnn.so.8" in line
+    assert device.gpu_preflight(GpuProbe(True, 1, True), 3, {}) == []  # one GPU per task: device 0
+    assert "local rank 3 would use GPU 3 but only 2" in device.gpu_preflight(GpuProbe(True, 2, True), 3, {})[0]
+    assert "no GPU is visible" in device.gpu_preflight(GpuProbe(True, 0, True), 0, {})[0]
+    [nccl] = device.gpu_preflight(GpuProbe(True, 4, True), 3, {"NCCL_SOCKET_IFNAME": "nosuchif0"})
+    assert "NCCL_SOCKET_IFNAME=nosuchif0 matches no interface" in nccl
+    assert device.gpu_preflight(GpuProbe(True, 4, True), 3, {"NCCL_SOCKET_IFNAME": "lo"}) == []

@@ -1,0 +1,108 @@
+"""The train loop without per-step host syncs, and the CPU-only start-up skipped on GPU.
+
+- The loss stays on the device between log steps (`step.LossAccumulator`); the log line's loss is
+  the mean since the previous log step, and the epoch loss weights each window by its steps.
+- The compute time of a log line is the window's wall time minus its data waits (`Meter.take_window`),
+  measured across the blocking loss read, so launches that return early cannot make it look fast.
+"""
+import time
+
+import numpy as np
+
+from msdist.run import meter, progress
+from msdist.run.position import Position
+
+
+def test_loss_accumulator_reads_the_mean_since_the_last_read():
+    import mindspore as ms
+    from msdist.engine.step import LossAccumulator
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    losses = LossAccumulator()
+    for value in (1.0, 2.0, 6.0):
+        losses.add(ms.Tensor(np.float32(value)))
+    assert losses.read() == 3.0
+    losses.add(ms.Tensor(np.float32(5.0)))
+    assert losses.read() == 5.0
+
+
+def test_epoch_loss_weights_each_window_by_its_steps():
+    shown = progress.Progress(epochs=1, steps_per_epoch=4, log_every=3, meter=meter.Meter(images_per_step=8))
+    shown.start_epoch(Position())
+    for step, loss in ((1, None), (2, None), (3, 2.0), (4, 6.0)):  # read at step 3 (log) and 4 (epoch end)
+        shown.step(Position(1, step, step), loss, 0.1, 0.01, 0.0)
+    assert shown.epoch_loss() == (3 * 2.0 + 6.0) / 4
+
+
+def test_window_compute_time_includes_the_blocking_read():
+    timer = meter.Meter(images_per_step=8)
+    for _ in range(3):
+        timer.data_ready()
+        timer.step_done()  # launches return at once
+    timer.data_ready()
+    time.sleep(0.2)  # the blocking read at the log step waits for the queued steps
+    timer.step_done()
+    compute, data = timer.take_window()
+    assert compute >= 0.2 / 4 and data < 0.05
+    assert timer.take_window() == (0.0, 0.0)
+
+
+def test_gpu_config_is_the_8_gpu_recipe():
+    import os
+    from conftest import REPO
+    from msdist.run import config
+
+    cfg = config.parse(["--config", os.path.join(REPO, "configs", "resnet50_fruits360_gpu.yaml")])
+    assert 64 <= cfg.batch_size // 8 <= 128 and cfg.batch_size % 8 == 0  # per GPU on 8 GPUs
+    assert cfg.scale_lr and cfg.warmup_epochs > 0 and cfg.amp_level == "auto" and cfg.loss_scale == "auto"
+    assert config.fusion_split(cfg.allreduce_fusion) == [85, 160]
+
+
+def test_allreduce_fusion_is_validated(monkeypatch):
+    import pytest
+    from msdist.run import config
+    from msdist.engine import step
+    from msdist.base.errors import ConfigError
+
+    for bad in ("160,85", "a,b", "0,3"):
+        with pytest.raises(ConfigError, match="strictly increasing parameter indices"):
+            config.parse(["--allreduce_fusion", bad])
+    with pytest.raises(ConfigError, match="it has 62"):  # e.g. [85, 160] on a ResNet-18
+        step.split_allreduce_fusion([85, 160], num_params=62, world_size=2)
+    import mindspore as ms
+    step.split_allreduce_fusion([85, 160], num_params=161, world_size=2)
+    try:
+        assert ms.get_auto_parallel_context("all_reduce_fusion_config") == [85, 160]
+    finally:
+        ms.reset_auto_parallel_context()
+
+
+def test_gpu_runs_never_probe_the_cpu_isa(monkeypatch):
+    from msdist.cluster import isa_probe, runtime
+
+    assert not runtime.needs_cpu_isa("GPU") and runtime.needs_cpu_isa("CPU") and runtime.needs_cpu_isa("auto")
+    for name in ("GLOG_v", "GLOG_minloglevel", "OMP_NUM_THREADS"):  # prepare() sets them: restore afterwards
+        monkeypatch.setenv(name, "")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+
+    def no_probe(*_args):
+        raise AssertionError("the oneDNN ISA was probed for a GPU run")
+    monkeypatch.setattr(isa_probe, "best_isa", no_probe)
+    rt = runtime.prepare(cpu_isa="auto", device_target="GPU")
+    assert (rt.cpu_isa, rt.isa_source) == ("default", "not used on GPU")
+    assert "ONEDNN_MAX_CPU_ISA" not in __import__("os").environ
+
+
+def test_compile_cache_key_uses_the_resolved_device_and_amp_level(tmp_path, data_dir):
+    """A run directory started on CPU and resumed on GPU must not load the CPU graph: the key holds the device
+    `auto` resolved to, and the amp level `auto` resolved to there (O0 on CPU, O2 on GPU)."""
+    from msdist.cluster import runtime
+    from msdist.run import config, startup
+
+    def key(argv, target):
+        return startup.compile_cache_path(config.parse(["--data_dir", data_dir, "--output_dir", str(tmp_path), *argv]), 2,
+                                     target)
+    assert key([], "CPU") == key(["--device_target", "CPU"], "CPU")  # what was asked does not matter
+    assert key([], "CPU") != key([], "GPU")
+    assert runtime.compile_cache_dir(str(tmp_path), "cfg", 2, 4, "GPU", "O2") != \
+        runtime.compile_cache_dir(str(tmp_path), "cfg", 2, 4, "GPU", "O0")

@@ -1,0 +1,242 @@
+"""The cluster specs in deploy/: they parse, they are internally consistent, and their commands are the
+ones docs/cluster.md documents, with options msdist.train and msdist.launch accept (no drift)."""
+import glob
+import os
+import re
+import shlex
+import subprocess
+
+import pytest
+import yaml
+
+from msdist import check, launch
+from msdist.run import config
+from conftest import REPO
+
+
+DEPLOY = os.path.join(REPO, "deploy")
+
+
+CLUSTER_DOC = os.path.join(REPO, "docs", "cluster.md")
+
+
+YAML_FILES = sorted(glob.glob(os.path.join(DEPLOY, "**", "*.yaml"), recursive=True))
+
+
+SBATCH = os.path.join(DEPLOY, "slurm", "train.sbatch")
+
+
+# A `python -m msdist.X ...` command runs to the end of its line or shell statement.
+_COMMAND = re.compile(r"python -m (msdist\.\w+)([^'\n;|&#)]*)")
+
+
+# What the variables in the commands stand for at run time (a 2-node job, seen from node 1).
+SAMPLE_ENV = {"JOB_COMPLETION_INDEX": "1", "RANKS_PER_NODE": "4", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
+              "MASTER_ADDR": "node-0", "MASTER_PORT": "29500", "DATA_DIR": "/data/fruits360", "RUN_DIR": "/runs/r50"}
+
+
+def _read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _documents(path):
+    return [d for d in yaml.safe_load_all(_read(path)) if d is not None]
+
+
+def _strings(node):
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for value in node.values():
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value)
+
+
+def commands(text):
+    """Every `python -m msdist.*` command in a text, shell line continuations joined, whitespace normalized."""
+    text = text.replace("\\\n", " ")
+    return [" ".join(f"python -m {m.group(1)}{m.group(2)}".split()) for m in _COMMAND.finditer(text)]
+
+
+def documented_commands():
+    """Commands in docs/cluster.md's fenced code blocks (prose mentions like `python -m msdist.launch` are not)."""
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", _read(CLUSTER_DOC), re.M | re.S)
+    return [cmd for block in blocks for cmd in commands(block)]
+
+
+def deploy_commands():
+    found = [(os.path.relpath(path, REPO), cmd) for path in YAML_FILES
+             for doc in _documents(path) for s in _strings(doc) for cmd in commands(s)]
+    return found + [(os.path.relpath(SBATCH, REPO), cmd) for cmd in commands(_read(SBATCH))]
+
+
+def _container(doc, replica=None):
+    spec = doc["spec"]["mpiReplicaSpecs"][replica]["template"] if replica else doc["spec"]["template"]
+    (container,) = spec["spec"]["containers"]
+    return spec["spec"], container
+
+
+def _option(cmd, name):
+    tokens = shlex.split(cmd)
+    return tokens[tokens.index(name) + 1]
+
+
+def _shm_is_memory(pod_spec, container):
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec["volumes"]}
+    return any(path == "/dev/shm" and volumes[name].get("emptyDir", {}).get("medium") == "Memory"
+               for name, path in mounts.items())
+
+
+def _mounted_at(container, path):
+    return any(path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")
+               for m in container["volumeMounts"])
+
+
+@pytest.mark.parametrize("path", YAML_FILES, ids=lambda p: os.path.relpath(p, DEPLOY))
+def test_every_manifest_parses(path):
+    docs = _documents(path)
+    assert docs and all("apiVersion" in d and "kind" in d for d in docs)
+
+
+def test_mpijob_has_launcher_workers_gpus_data_and_shm():
+    (job,) = _documents(os.path.join(DEPLOY, "k8s", "mpijob.yaml"))
+    assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v2beta1", "MPIJob")
+    replicas = job["spec"]["mpiReplicaSpecs"]
+    assert set(replicas) == {"Launcher", "Worker"} and replicas["Launcher"]["replicas"] == 1
+    _, launcher = _container(job, "Launcher")
+    pod, worker = _container(job, "Worker")
+    slots, workers = job["spec"]["slotsPerWorker"], replicas["Worker"]["replicas"]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == slots  # one rank per GPU
+    script = " ".join(launcher["command"] + launcher["args"])
+    assert [int(n) for n in re.findall(r"mpirun -n (\d+) ", script)] == [workers * slots] * 2
+    plan, cmd = commands(script)  # the plan first, under the same mpirun
+    assert plan.startswith("python -m msdist.check --plan ") and cmd.startswith("python -m msdist.train ")
+    assert all(_option(plan, o) == _option(cmd, o) for o in ("--config", "--data_dir", "--output_dir"))
+    assert _shm_is_memory(pod, worker)
+    assert _mounted_at(worker, _option(cmd, "--data_dir")) and _mounted_at(worker, _option(cmd, "--output_dir"))
+
+
+def test_launch_job_runs_one_launcher_per_node_indexed_by_pod():
+    service, job = _documents(os.path.join(DEPLOY, "k8s", "launch-job.yaml"))
+    assert (service["kind"], job["kind"]) == ("Service", "Job")
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["selector"] == {"job-name": job["metadata"]["name"]}
+    spec = job["spec"]
+    pod, container = _container(job)
+    plan, cmd = commands(" ".join(container["command"] + container["args"]))
+    assert plan.startswith("python -m msdist.launch ") and cmd.startswith("python -m msdist.launch ")
+    assert "--plan" in plan.split() and "--plan" not in cmd.split()
+    assert all(_option(plan, o) == _option(cmd, o) for o in ("-n", "--nnodes", "--node_rank", "--output_dir"))
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == int(_option(cmd, "--nnodes"))
+    assert _option(cmd, "--node_rank") == "${JOB_COMPLETION_INDEX}"
+    assert int(_option(cmd, "-n")) == container["resources"]["limits"]["nvidia.com/gpu"]
+    # node 0's stable DNS name: <job>-0.<subdomain>, the subdomain being the headless Service
+    assert pod["subdomain"] == service["metadata"]["name"]
+    assert _option(cmd, "--master_addr") == f"{job['metadata']['name']}-0.{service['metadata']['name']}"
+    assert int(_option(cmd, "--master_port")) == service["spec"]["ports"][0]["port"]
+    assert _shm_is_memory(pod, container)
+    assert _mounted_at(container, _option(cmd, "--data_dir")) and _mounted_at(container, _option(cmd, "--output_dir"))
+
+
+@pytest.mark.multiprocess
+def test_sbatch_is_valid_bash_with_mpirun_and_srun_paths():
+    subprocess.run(["bash", "-n", SBATCH], check=True)
+    text = _read(SBATCH)
+    assert re.search(r"^#SBATCH --nodes=\d+$", text, re.M) and re.search(r"^#SBATCH --ntasks-per-node=\d+$", text, re.M)
+    assert re.search(r"^\s*mpirun .*\\\n\s*python -m msdist\.train ", text, re.M)
+    assert re.search(r"^\s*srun .*\n\s*bash -c 'python -m msdist\.launch ", text, re.M)
+
+
+def test_sbatch_expands_no_array_that_bash_before_4_4_calls_unbound():
+    """Under `set -u`, bash < 4.4 (RHEL/CentOS 7) stops at "${a[@]}" of an empty array; the sbatch uses none
+    (or only the ${a[@]+"${a[@]}"} form, which is safe on every bash)."""
+    text = _read(SBATCH)
+    assert "set -euo pipefail" in text
+    assert not re.search(r'(?<!\+)"\$\{\w+\[[@*]\]\}"', text), "unguarded array expansion under set -u"
+
+
+_STUB = """#!/bin/sh
+echo "$(basename "$0") $*" >> "$STUB_LOG"
+[ "$(basename "$0")" = scontrol ] && printf 'node-0\\nnode-1\\n'
+exit 0
+"""
+
+
+def _run_sbatch(tmp_path, **env):
+    """Run the sbatch under set -u through stub scontrol/srun/mpirun that record their command lines."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir(exist_ok=True)
+    for name in ("scontrol", "srun", "mpirun"):
+        (stubs / name).write_text(_STUB)
+        (stubs / name).chmod(0o755)
+    log = tmp_path / "calls.log"
+    log.write_text("")
+    slurm = {"SLURM_JOB_NODELIST": "node-[0-1]", "SLURM_NTASKS_PER_NODE": "4", "SLURM_NNODES": "2",
+             "SLURM_NTASKS": "8", "SLURM_CPUS_PER_TASK": "8"}
+    subprocess.run(["bash", SBATCH], cwd=REPO, check=True, capture_output=True, text=True, timeout=60,
+                   env={"PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}", "STUB_LOG": str(log), **slurm, **env})
+    return [line for line in log.read_text().splitlines() if not line.startswith("scontrol")]
+
+
+def test_sbatch_runs_the_plan_first_under_each_launcher(tmp_path):
+    gpu = _run_sbatch(tmp_path)
+    assert [line.split()[0] for line in gpu] == ["mpirun", "mpirun"]
+    assert "python -m msdist.check --plan " in gpu[0] and "python -m msdist.train " in gpu[1]
+    assert not any("MS_SCHED" in line for line in gpu)  # MindSpore's OpenMPI path must not see them
+    cpu = _run_sbatch(tmp_path, DEVICE="CPU")
+    assert all(" -x MS_SCHED_HOST -x MS_SCHED_PORT " in line for line in cpu) and len(cpu) == 2
+    srun = _run_sbatch(tmp_path, LAUNCHER="srun")
+    assert [line.split()[:2] for line in srun] == [["srun", "--gpus-per-task=1"]] * 2
+    assert "msdist.check --plan" in srun[0] and "msdist.train" in srun[1]
+    (per_node,) = _run_sbatch(tmp_path, LAUNCHER="msdist")
+    assert re.search(r"python -m msdist\.launch .* --plan .* && python -m msdist\.launch .* --max_restarts", per_node)
+
+
+def test_dockerfile_installs_openmpi_and_msdist_from_paths_that_exist():
+    text = _read(os.path.join(DEPLOY, "Dockerfile"))
+    instructions = [line.split()[0] for line in text.replace("\\\n", " ").splitlines()
+                    if line.strip() and not line.lstrip().startswith("#")]
+    assert instructions[0] == "ARG" and "FROM" in instructions[:2]
+    assert "openmpi-bin" in text and "openssh-server" in text
+    assert re.search(r'pip install "?\.\[', text)
+    for src in re.findall(r"^COPY (\S+) ", text, re.M):
+        assert os.path.exists(os.path.join(REPO, src)), f"Dockerfile copies {src}, which the repository lacks"
+
+
+def test_deploy_has_commands_for_every_engine():
+    modules = [(path, cmd.split()[2]) for path, cmd in deploy_commands()]
+    assert ("deploy/k8s/mpijob.yaml", "msdist.train") in modules
+    assert ("deploy/k8s/launch-job.yaml", "msdist.launch") in modules
+    assert {m for p, m in modules if p == "deploy/slurm/train.sbatch"} == {"msdist.check", "msdist.train", "msdist.launch"}
+
+
+@pytest.mark.parametrize("where, cmd", deploy_commands(), ids=lambda v: v if "/" in v and " " not in v else None)
+def test_deploy_commands_are_the_documented_ones(where, cmd):
+    assert cmd in documented_commands(), f"{where} runs a command docs/cluster.md does not show:\n{cmd}"
+
+
+def _expand(cmd):
+    def value(match):
+        name = match.group(1) or match.group(2)
+        assert name in SAMPLE_ENV, f"unknown variable ${name} in: {cmd}; add a sample value to SAMPLE_ENV"
+        return SAMPLE_ENV[name]
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", value, cmd)
+
+
+@pytest.mark.parametrize("cmd", sorted(set(documented_commands() + [c for _, c in deploy_commands()])))
+def test_commands_use_options_msdist_accepts(cmd, monkeypatch):
+    monkeypatch.chdir(REPO)  # --config paths are relative to the repository root
+    module, *args = shlex.split(_expand(cmd))[2:]
+    if module == "msdist.train":
+        cfg = config.parse(args)
+    elif module == "msdist.check":
+        assert args[0] == "--plan", f"deploy/ runs msdist.check only as --plan: {cmd}"
+        cfg = config.parse(args[1:], check.PLAN_OPTIONS)
+    else:
+        assert module == "msdist.launch", f"unexpected entry point {module}"
+        cfg = config.parse(launch.parse_args(args).train_args)
+    assert cfg.data_dir and cfg.output_dir != config.parse([]).output_dir  # explicit paths, not defaults
