@@ -1,6 +1,7 @@
 """Shared fixtures and helpers of tests/unit and tests/integration (pytest.ini puts tests/ on sys.path): the real
 data, running msdist entry points as real processes, and the small files several test modules write or read."""
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -39,6 +40,16 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if str(item.path).startswith(INTEGRATION + os.sep):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _msdist_logging_restored():
+    """logs.setup_logging configures msdist's loggers for the process: give later tests (caplog) theirs back."""
+    loggers = [logging.getLogger(name) for name in ("msdist", "msdist.crash")]
+    saved = [(lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+    yield
+    for lg, (handlers, level, propagate) in zip(loggers, saved):
+        lg.handlers, lg.level, lg.propagate = handlers, level, propagate
 
 
 @pytest.fixture(scope="session")

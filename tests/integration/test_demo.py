@@ -8,7 +8,6 @@ import pytest
 
 from conftest import REPO, base_env, run_msdist, tiny_args
 
-
 # The demo's own flow with a small model, so three runs fit in a test.
 SMALL = ["--model", "resnet_tiny", "--image_size", "32", "--epochs", "1", "--batch_size", "16", "--log_every", "5"]
 

@@ -26,8 +26,6 @@ from conftest import REPO, checkpoints, load_params, run_msdist, tiny_args, wors
 
 
 STEPS = 12
-
-
 SETUP = ("--epochs", 1, "--max_steps", STEPS, "--augment", "false", "--shuffle", "true", "--deterministic", "true",
          "--lr", 0.01, "--lr_schedule", "constant", "--warmup_epochs", 0, "--batch_size", 16)
 
@@ -96,22 +94,18 @@ def test_diverged_replicas_fail_loudly(data_dir, tmp_path):
     assert not list((out / "ckpt").glob("*.ckpt"))  # no checkpoint of a diverged run
 
 
+# ---------------------------------------------------------------- ResNet-18, tie-free images, with the control
+
 R18_STEPS = (1, 10)  # 16 training images, global batch 16: one step per epoch, a checkpoint after each
-
-
 # These 16 images are memorized within a few steps, and then the two single-card BatchNorms themselves drift
 # apart (measured control after step 1: 3.2e-6 on one host, 2.9e-2 on another; after step 10 6.0e-2 to 3.6e-1,
 # and 1.1e-1 at lr 0.0005, so a smaller lr does not help; docs/equivalence.md). After step 1 the bound is
 # absolute; after step 10 it is 1e-4 or, where the control itself is further apart, twice the control.
 R18_LR = 0.005
-
-
 R18_SETUP = ("--model", "resnet18", "--image_size", 56, "--epochs", R18_STEPS[-1], "--save_every_epochs", 1,
              "--keep_checkpoint_max", R18_STEPS[-1], "--augment", "false", "--shuffle", "true",
              "--deterministic", "true", "--lr", R18_LR, "--lr_schedule", "constant", "--warmup_epochs", 0,
              "--batch_size", 16)
-
-
 STEP_TOLERANCE = {1: 1e-5, 10: 1e-4}
 
 
@@ -171,6 +165,8 @@ def test_sync_bn_amp_o2_trains_on_two_ranks(data_dir, tmp_path):
     assert all(np.isfinite(v).all() for v in ranks[0].values())
     assert all(np.array_equal(ranks[0][n], ranks[1][n]) for n in ranks[0])
 
+
+# ---------------------------------------------------------------- --dist_bn: one model per job without sync_bn
 
 @pytest.mark.multiprocess
 @pytest.mark.slow

@@ -29,14 +29,8 @@ from msdist.run import checkpoint_model
 
 SETUP = ("--epochs", 4, "--max_steps", 40, "--augment", "false", "--shuffle", "true", "--deterministic", "true",
          "--lr", 0.01, "--lr_schedule", "constant", "--warmup_epochs", 0, "--batch_size", 16)
-
-
 EXACT = SETUP + ("--max_steps", 12, "--model", "convnet_tiny", "--weight_decay", 0)  # later values win
-
-
 SPARSE = ("--grad_compression", "topk", "--topk_ratio", 0.001)
-
-
 RUNS = {
     "none": SETUP,
     "topk_ef": SETUP + SPARSE,
@@ -48,13 +42,9 @@ RUNS = {
     "exact_topk_full": EXACT + ("--grad_compression", "topk", "--topk_ratio", 1.0),
     "exact_accum_2": EXACT + ("--grad_accum_steps", 2),
 }
-
-
 # max |fp16 - fp32| of each tensor over that tensor's max |value|, after 12 steps: about one float16
 # rounding step (2^-10 = 9.8e-4); measured 2.0e-4 (float16 buckets).
 FP16_TOLERANCE = 1e-3
-
-
 ACCUM_TOLERANCE = 1e-6  # float32 summation order only; measured 3e-8
 
 

@@ -32,24 +32,16 @@ from conftest import REAL_DATA as DATA_DIR
 
 
 RETRY_SCRIPT = os.path.join(REPO, "scripts", "run_distribute_train_retry.sh")
-
-
 RUN_LIMIT_S = 240          # hard limit for any one launcher run
-
-
 STOP_BOUND_S = 15          # the issue's bound: failure seen -> everything stopped
-
-
 # Five short epochs (12 steps each): two epoch-boundary checkpoints before the kill in epoch 3, and time to aim it.
 TINY_CONFIG = os.path.join(REPO, "configs", "tiny_test.yaml")
-
-
 EXACT_ARGS = ["--config", TINY_CONFIG, "--data_dir", DATA_DIR, "--batch_size", "16", "--epochs", "5",
               "--deterministic", "true", "--log_every", "5", "--keep_checkpoint_max", "5"]
-
-
 SHORT_ARGS = ["--config", TINY_CONFIG, "--data_dir", DATA_DIR, "--epochs", "4", "--max_steps", "40", "--log_every", "5"]
 
+
+# ---------------------------------------------------------------- helpers
 
 class Job:
     """One `python -m msdist.launch` run (or another `command`) in the background, its stderr in a file."""
@@ -141,6 +133,8 @@ def _ckpt_files(job, rank, epoch):
     return glob.glob(os.path.join(job.output_dir, "ckpt", f"resnet_tiny_rank{rank}-{epoch}_*.ckpt"))
 
 
+# ---------------------------------------------------------------- shared runs (started together)
+
 @pytest.fixture(scope="module")
 def background_jobs(tmp_path_factory):
     """Runs that need no interaction, started at once so their waits overlap."""
@@ -170,6 +164,8 @@ def _block_first_checkpoint_of_rank_1(output_dir):
     save raises IsADirectoryError in rank 1 only, on every attempt. (Hidden, so it is no other run's.)"""
     os.makedirs(os.path.join(output_dir, "ckpt", f".{checkpoint.file_name('resnet_tiny', 1, 1, 12)}.tmp.ckpt"))
 
+
+# ---------------------------------------------------------------- fast checks, no MindSpore
 
 @pytest.mark.multiprocess
 def test_busy_explicit_port_is_refused_at_once(tmp_path):

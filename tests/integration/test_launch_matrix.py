@@ -21,14 +21,9 @@ import pytest
 
 from conftest import MPI_ENV, REPO, base_env, mpirun
 
-
 PLAN_ARGS = ["--config", os.path.join(REPO, "configs", "tiny_test.yaml"), "--data_dir",
              os.path.join(REPO, "tests", "data", "fruits360-mini")]
-
-
 LIMIT_S = 240
-
-
 _LINE = re.compile(r"^\[rank (\d+)\] ([a-z ]+): (.*)$")
 
 
@@ -87,6 +82,8 @@ def assert_gpu(plan: dict, device_id: int, backend: str):
     assert plan["backend"].startswith(backend), plan["backend"]
 
 
+# ---------------------------------------------------------------- mpirun (OpenMPI 4.1)
+
 @pytest.mark.multiprocess
 def test_mpirun_one_node(gpu_node):
     """Rank source OMPI_COMM_WORLD_*; GPU: MindSpore's OpenMPI path (communication/management.py
@@ -128,6 +125,8 @@ def test_mpirun_two_nodes(gpu_node):
     cpu = one_plan(_clean_env(**MPIRUN_NODE_1, MS_SCHED_HOST="10.0.0.1", MS_SCHED_PORT="29500"))
     assert "MS_SCHED_HOST=10.0.0.1 MS_SCHED_PORT=29500 MS_WORKER_NUM=8 MS_ROLE=MS_WORKER MS_NODE_ID=5" in cpu["sets"]
 
+
+# ---------------------------------------------------------------- msrun (MindSpore 2.10)
 
 def _msrun(tmp_path, gpu_node, *msrun_args) -> subprocess.CompletedProcess:
     """Real msrun: its scheduler and workers all run the plan (process_entity/_api.py `_ProcessManager`)."""
@@ -178,6 +177,8 @@ def test_msrun_two_nodes_needs_node_rank(tmp_path, gpu_node):
     assert len(lines) == 2 and all("msrun across nodes needs --node_rank N" in line for line in lines), lines
 
 
+# ---------------------------------------------------------------- msdist.launch
+
 def _launch_plans(*args) -> dict:
     proc = subprocess.run([sys.executable, "-m", "msdist.launch", *args, "--plan", *PLAN_ARGS], cwd=REPO,
                           env=_clean_env(), capture_output=True, text=True, timeout=LIMIT_S)
@@ -200,6 +201,8 @@ def test_msdist_launch_two_nodes(gpu_node):
     assert ranks[3]["rank"].startswith("3 of 4, local rank 1 of 2") and ranks[3]["rank"].endswith("(one of 2)")
     assert_gpu(ranks[3], 1, "nccl through MindSpore's dynamic cluster")
 
+
+# ---------------------------------------------------------------- srun (Slurm)
 
 def srun_env(procid: int, ntasks: int, nnodes: int, visible: str) -> dict:
     """What srun gives task `procid` of `srun -N nnodes -n ntasks` (block distribution), with the step's
@@ -244,6 +247,8 @@ def test_slurm_step_without_gpus_on_a_gpu_node_is_refused(gpu_node):
                                "visible"), line
 
 
+# ---------------------------------------------------------------- Kubernetes MPIJob (Kubeflow MPI Operator v2beta1)
+
 def mpijob_env(rank: int, workers: int, slots: int = 4) -> dict:
     """A rank on worker pod rank // slots: mpirun's OpenMPI variables, the operator's OMPI_MCA_* (its constants
     OpenMPIEnvHostFileLocation, OpenMPIEnvKeyRSHArgs, OpenMPIEnvKeepFQDNHostNames, OpenMPIEnvDefaultSlots),
@@ -265,6 +270,8 @@ def test_kubernetes_mpijob(gpu_node, workers, rank):
     assert plan["rank"].startswith(f"{rank} of {4 * workers}, local rank {rank % 4} of 4")
     assert_gpu(plan, rank % 4, "nccl through MindSpore's OpenMPI path")
 
+
+# ---------------------------------------------------------------- the plan loads no MindSpore; training refuses alike
 
 def test_plan_loads_no_mindspore(gpu_node):
     code = ("import sys; from msdist import check\n"

@@ -18,7 +18,6 @@ from msdist.cluster import heartbeat
 from msdist.cluster.rendezvous import free_port
 from msdist.run import checkpoint
 
-
 RUN_LIMIT_S = 300
 
 

@@ -10,14 +10,12 @@ import sys
 
 import pytest
 
-from conftest import REPO, _records
 from msdist import report
 from msdist.run import metrics
+from conftest import REPO, _records
 
 
 STEPS_PER_EPOCH = 7  # 60 synthetic training images, global batch 8
-
-
 TB_TAGS = {"train/loss", "train/lr", "train/images_per_sec", "val/loss", "val/accuracy"}
 
 
@@ -41,6 +39,8 @@ def tiny_run(tmp_path_factory):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return str(out), proc.stdout
 
+
+# ---------------------------------------------------------------- a real run
 
 @pytest.mark.multiprocess
 def test_step_lines_and_epoch_summaries_on_a_pipe(tiny_run):

@@ -20,11 +20,7 @@ from msdist.cluster.rendezvous import free_port
 
 
 RUN_LIMIT_S = 300
-
-
 STALL_S = 10         # the scaled-down --stall_timeout of the runs that must stop
-
-
 # Ends only by the stall; no checkpoint to save on the way (a freeze is then almost always in a train step).
 LONG_RUN = ("--epochs", 1000, "--max_steps", 100000, "--log_every", 50, "--save_every_epochs", 1000)
 

@@ -20,8 +20,6 @@ from torch_files import _model_params, _write_torch_named
 
 
 IMAGE_SIZE = 64  # the stem's 32x32 map is even: MindSpore's pad_mode="same" max-pool pads it 0/1, torch 1/1
-
-
 CLASSES = [f"class{i:03d}" for i in range(1000)]
 
 
@@ -138,6 +136,8 @@ def test_two_rank_finetune_from_safetensors_with_a_new_head(standalone_run, data
     for rank in (0, 1):
         assert checkpoint_model.stored_meta(checkpoints(run, rank)[-1])["convention"] == "torch"
 
+
+# ---------------------------------------------------------------- the convention through train, resume, eval
 
 @pytest.mark.multiprocess
 @pytest.mark.slow

@@ -23,16 +23,11 @@ import pytest
 from msdist.cluster.rendezvous import free_port
 from test_launch import TINY_CONFIG, DATA_DIR, Job
 
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 NODE_TIMEOUT = {"MS_NODE_TIMEOUT": "10"}
-
-
 FAIL_BOUND_S = 30
-
-
 RESTART_LIMIT_S = 420     # two attempts, the second after MS_NODE_TIMEOUT and a fresh start-up
-
-
 # Two short epochs; deterministic kernels so a 2-host job can be compared bit for bit with 1 host.
 ARGS = ["--config", TINY_CONFIG, "--data_dir", DATA_DIR, "--batch_size", "16", "--epochs", "2",
         "--deterministic", "true", "--log_every", "4"]

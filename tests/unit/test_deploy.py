@@ -9,27 +9,16 @@ import subprocess
 import pytest
 import yaml
 
+from conftest import REPO
 from msdist import check, launch
 from msdist.run import config
-from conftest import REPO
-
 
 DEPLOY = os.path.join(REPO, "deploy")
-
-
 CLUSTER_DOC = os.path.join(REPO, "docs", "cluster.md")
-
-
 YAML_FILES = sorted(glob.glob(os.path.join(DEPLOY, "**", "*.yaml"), recursive=True))
-
-
 SBATCH = os.path.join(DEPLOY, "slurm", "train.sbatch")
-
-
 # A `python -m msdist.X ...` command runs to the end of its line or shell statement.
 _COMMAND = re.compile(r"python -m (msdist\.\w+)([^'\n;|&#)]*)")
-
-
 # What the variables in the commands stand for at run time (a 2-node job, seen from node 1).
 SAMPLE_ENV = {"JOB_COMPLETION_INDEX": "1", "RANKS_PER_NODE": "4", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
               "MASTER_ADDR": "node-0", "MASTER_PORT": "29500", "DATA_DIR": "/data/fruits360", "RUN_DIR": "/runs/r50"}

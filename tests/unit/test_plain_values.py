@@ -19,13 +19,8 @@ import pytest
 
 import msdist
 
-
 PACKAGE = os.path.dirname(msdist.__file__)
-
-
 LOWER_LAYERS = ("data", "engine")
-
-
 NAMESPACE_NAMES = {"cfg", "config"}
 
 

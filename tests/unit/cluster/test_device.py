@@ -9,8 +9,6 @@ from msdist.cluster.device import GpuProbe
 
 
 NO_GPU = GpuProbe(plugin_loaded=False, visible_devices=0, nvidia_present=False)
-
-
 GPU_PLUGIN_ERROR = "Load dynamic library: libmindspore_gpu.so.11.6 failed. libcudnn.so.8: cannot open shared object file"
 
 

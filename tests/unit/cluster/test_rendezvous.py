@@ -16,6 +16,8 @@ def test_shared_host_names_are_found():
     assert job.shared_host_names([a, a, a, a], [2, 2, 2, 2]) == [0, 1, 2, 3]  # two hosts named node-a
 
 
+# ---------------------------------------------------------------- addresses
+
 def test_host_names_resolve_to_an_ip():
     assert rendezvous.resolve_host("127.0.0.1", "--master_addr") == "127.0.0.1"
     assert rendezvous.resolve_host("localhost", "--master_addr") == "127.0.0.1"

@@ -62,6 +62,8 @@ def test_a_failed_probe_is_cached_too(private_isa_cache, monkeypatch):
     assert isa_probe.best_isa() == isa_probe.best_isa() == "" and len(calls) == 1   # oneDNN's default, probed once
 
 
+# ---------------------------------------------------------------- threads and cores
+
 def test_ranks_on_one_host_split_its_cores(monkeypatch):
     monkeypatch.setattr(runtime, "host_cores", lambda: 4)
     monkeypatch.setattr(runtime, "usable_cores", lambda: (0, 1, 2, 3))
@@ -119,6 +121,8 @@ def test_amp_levels_run_the_network_in_low_precision():
         gap = np.abs(logits[level] - logits["O0"]).max()
         assert 0 < gap < 1e-2, (level, gap)  # float16 rounding, not float32 and not garbage
 
+
+# ---------------------------------------------------------------- memory after compiling
 
 def _resident_mb() -> float:
     with open("/proc/self/status", encoding="utf-8") as f:

@@ -20,6 +20,7 @@ def test_stall_timeout_values():
             StallPolicy.from_options({"stall_timeout": bad})
 
 
+
 def test_one_option_family_for_the_launcher_and_the_ranks(capsys):
     """msdist.train and msdist.launch read the same --stall_* options into the same policy; the old names
     still work, each with a one-line notice naming the new one."""

@@ -1,8 +1,8 @@
 """The launcher's pieces in this process: option routing, the traceback tail of an attempt, the first cause
 (launch.py, cluster/supervisor.py, cluster/failures.py)."""
-from conftest import REAL_DATA as DATA_DIR
 from msdist import launch
 from msdist.cluster import failures
+from conftest import REAL_DATA as DATA_DIR
 
 
 def test_unknown_options_go_to_train(tmp_path):

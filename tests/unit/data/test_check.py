@@ -28,6 +28,8 @@ def mindspore_decode():
     return vision.Decode()
 
 
+# ---------------------------------------------------------------- the data check, in-process
+
 def test_clean_tree_is_clean(tmp_path):
     root = _make_tree(tmp_path / "data")
     report = check.scan(root)
@@ -116,6 +118,8 @@ def test_scan_is_cached_by_tree_fingerprint(tmp_path):
     assert not changed.from_cache and [_rel(b.path) for b in changed.bad] == ["Training/apple/zero.jpg"]
 
 
+# ---------------------------------------------------------------- agreement with MindSpore's decoder
+
 _ENCODINGS = [("JPEG", "RGB"), ("JPEG", "L"), ("JPEG", "CMYK"), ("PNG", "RGB"), ("PNG", "RGBA"), ("PNG", "P"),
               ("PNG", "I;16"), ("PNG", "LA"), ("BMP", "RGB"), ("BMP", "1"), ("GIF", "RGB"), ("WEBP", "RGB"),
               ("TIFF", "RGB")]
@@ -144,6 +148,9 @@ def test_check_accepts_exactly_what_mindspore_decodes(fuzz_tree, mindspore_decod
         mindspore_reads = False
     _, reason = _verdict(fuzz_tree, data)
     assert (reason is None) == mindspore_reads, (fmt, mode, reason)
+
+
+# ---------------------------------------------------------------- property-based: random bytes as images
 
 
 @st.composite

@@ -77,6 +77,8 @@ def test_allreduce_fusion_is_validated(monkeypatch):
         ms.reset_auto_parallel_context()
 
 
+# ---------------------------------------------------------------- GPU runs skip the CPU-only set-up
+
 def test_gpu_runs_never_probe_the_cpu_isa(monkeypatch):
     from msdist.cluster import isa_probe, runtime
 

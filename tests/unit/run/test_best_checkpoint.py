@@ -5,6 +5,7 @@ import os
 import numpy as np
 
 
+
 def _save(directory, epoch, accuracy=None):
     """One tiny checkpoint at `epoch`; with `accuracy`, offered as the best too."""
     import mindspore as ms

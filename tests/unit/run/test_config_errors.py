@@ -48,13 +48,9 @@ def test_yaml_config_errors_are_one_clear_line(tmp_path, text, words):
 
 
 _YAML_KEYS = [o.name for o in config.TRAIN_OPTIONS] + ["epochs_num", "config"]
-
-
 _YAML_VALUES = st.one_of(st.text(max_size=20), st.integers().map(str), st.floats().map(str), st.sampled_from(
     ["~", "[1, 2]", "{a: 1}", "&a [*a]", ".nan", "-.inf", "1e400", "0x1F", "2020-13-45", "!!binary aGk=",
      "!!python/object:os.system", "true", "'no'", "[[[[[[[[[[[[[[]]]]]]]]]]]]]]"]))
-
-
 _YAML_TEXTS = st.one_of(
     st.text(max_size=300),
     st.lists(st.tuples(st.sampled_from(_YAML_KEYS), _YAML_VALUES), max_size=5).map(

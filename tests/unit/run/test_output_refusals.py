@@ -32,6 +32,8 @@ def test_output_dir_with_checkpoints_is_refused_then_moved_aside_never_deleted(t
     assert _claim_output_dir(str(out), "", False, True) is None            # now free for a new run
 
 
+# ---------------------------------------------------------------- checkpoints from elsewhere, in-process
+
 def test_foreign_checkpoint_files_are_refused_before_reading(tmp_path):
     from msdist.run import checkpoint
 

@@ -54,6 +54,8 @@ def test_no_epoch_arithmetic_outside_the_position_type():
     assert not found
 
 
+# ---------------------------------------------------------------- what a checkpoint holds
+
 def test_each_state_prefix_is_written_once_in_the_package():
     from msdist.engine import ema, loss_scale, reducers
     prefixes = optim.STATE_PREFIXES + (reducers.RESIDUAL_PREFIX, loss_scale.STATE_PREFIX, ema.PREFIX)
@@ -119,6 +121,8 @@ def test_an_epoch_end_makes_the_ranks_one_model_once_and_its_best_is_the_file_ju
     best = checkpoint.best_path(*checkpoint_place(trainer.cfg), 0)
     assert outcome.newest.position == outcome.position and os.path.samefile(best, outcome.newest.path)
 
+
+# ---------------------------------------------------------------- checkpoints of earlier versions resume
 
 def test_an_old_checkpoint_restores_position_weights_and_training_state(tmp_path, data_dir):
     import mindspore as ms
