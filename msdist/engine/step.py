@@ -162,11 +162,6 @@ class TrainStep(nn.Cell):
         return sum(losses[1:], losses[0]) * (1.0 / self.accum_steps)
 
 
-def create_loss(soft_labels: bool):
-    """Training cross-entropy: on class indices, or on float class distributions (mixup, cutmix, smoothing)."""
-    return nn.SoftmaxCrossEntropyWithLogits(sparse=not soft_labels, reduction="mean")
-
-
 def label_placeholder(batch: int, num_classes: int, soft_labels: bool):
     """The label input the train step compiles for: int32 (batch,) or float32 (batch, classes)."""
     import mindspore as ms

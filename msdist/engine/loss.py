@@ -1,0 +1,48 @@
+"""The training loss: softmax cross-entropy through log-sum-exp, finite for any finite logits.
+
+MindSpore 2.10's `nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")` runs the fused
+`ops.SparseSoftmaxCrossEntropyWithLogits`, which takes the log of the softmax after computing it:
+    CPU: mindspore/ccsrc/plugin/device/cpu/kernel/sparse_softmax_cross_entropy_with_logits_cpu_kernel.cc,
+         ForwardPostExecute: `total_loss -= std::log(losses[offset])` on the float32 softmax. A true class
+         87 or more below the top logit has softmax 0 there, so the batch's loss is inf.
+    GPU: mindspore/ccsrc/plugin/device/gpu/kernel/nn/sparse_softmax_cross_entropy_with_logits_gpu_kernel.h
+         (cudnnSoftmaxForward, CUDNN_SOFTMAX_ACCURATE) then cuda_ops/cross_entropy_impl.cu,
+         CrossEntropyWithSparseKernel: `if (logit <= 0) logit = epsilon; total_loss += -logf(logit)` with
+         epsilon 1e-6, so the same sample reads 13.8 (-log 1e-6) instead of its true loss: finite and wrong.
+Both kernels' gradients (softmax minus one-hot, over the batch) stay finite and right, so training went on
+while the logged loss was inf (issue 34). Computed as `log(sum(exp(z - max))) - (z_label - max)` from
+primitives every device has, the loss is exact where the kernel's is inf or capped, and on CPU its
+gradient is bitwise the kernel's (the same softmax, scaled and shifted in the same order;
+tests/test_loss.py holds both to a float64 reference inside a real train step).
+
+Soft labels (label smoothing, mixup, cutmix) keep `ops.SoftmaxCrossEntropyWithLogits`: its kernels
+already subtract the maximum and add log(sum(exp)) (CPU softmax_cross_entropy_with_logits_cpu_kernel.cc
+ForwardPostExecute; GPU cross_entropy_impl.cu CrossEntropyKernel), so its value is finite and its
+gradients are today's; the same test holds it to the reference at the same margins.
+"""
+from mindspore import Tensor, nn, ops
+from mindspore.common import dtype as mstype
+
+
+class SparseCrossEntropy(nn.Cell):
+    """Mean softmax cross-entropy of float logits (batch, classes) against int class indices (batch,)."""
+
+    def __init__(self):
+        super().__init__()
+        self.on_value = Tensor(1.0, mstype.float32)
+        self.off_value = Tensor(0.0, mstype.float32)
+
+    def construct(self, logits, labels):
+        logits = ops.cast(logits, mstype.float32)
+        # The max only shifts the logits: constant to the gradient, as in the kernel's softmax.
+        shifted = logits - ops.stop_gradient(logits.max(axis=-1, keepdims=True))
+        one_hot = ops.one_hot(labels, logits.shape[-1], self.on_value, self.off_value)
+        losses = ops.log(ops.exp(shifted).sum(axis=-1)) - (one_hot * shifted).sum(axis=-1)
+        return losses.mean()
+
+
+def create_loss(soft_labels: bool):
+    """Training cross-entropy: on class indices, or on float class distributions (mixup, cutmix, smoothing)."""
+    if soft_labels:
+        return nn.SoftmaxCrossEntropyWithLogits(sparse=False, reduction="mean")
+    return SparseCrossEntropy()
