@@ -1,19 +1,21 @@
 """The training loss: softmax cross-entropy through log-sum-exp, finite for any finite logits.
 
 MindSpore 2.10's `nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")` runs the fused
-`ops.SparseSoftmaxCrossEntropyWithLogits`, which takes the log of the softmax after computing it:
+`ops.SparseSoftmaxCrossEntropyWithLogits`, which takes the log of the softmax after computing it
+(public source, mindspore-ai/mindspore):
     CPU: mindspore/ccsrc/plugin/device/cpu/kernel/sparse_softmax_cross_entropy_with_logits_cpu_kernel.cc,
-         ForwardPostExecute: `total_loss -= std::log(losses[offset])` on the float32 softmax. A true class
-         87 or more below the top logit has softmax 0 there, so the batch's loss is inf.
+         ForwardPostExecute (at 74e1f3e): `total_loss -= std::log(losses[offset])` on the float32 softmax.
+         A true class 87 or more below the top logit has softmax 0 there, so the batch's loss is inf.
     GPU: mindspore/ccsrc/plugin/device/gpu/kernel/nn/sparse_softmax_cross_entropy_with_logits_gpu_kernel.h
-         (cudnnSoftmaxForward, CUDNN_SOFTMAX_ACCURATE) then cuda_ops/cross_entropy_impl.cu,
-         CrossEntropyWithSparseKernel: `if (logit <= 0) logit = epsilon; total_loss += -logf(logit)` with
-         epsilon 1e-6, so the same sample reads 13.8 (-log 1e-6) instead of its true loss: finite and wrong.
+         (at 0d38330) takes cudnnSoftmaxForward (CUDNN_SOFTMAX_ACCURATE: the softmax, not its log), then
+         cuda_ops/cross_entropy_impl.cu (at 58b38e0) CrossEntropyWithSparseKernel, lines 24-37, and its
+         LargeBatch twin: `if (logit <= 0) logit = epsilon; total_loss += -logf(logit)` with epsilon 1e-6.
+         The same sample reads 13.8 (-log 1e-6) there instead of its true loss: finite, and wrong.
 Both kernels' gradients (softmax minus one-hot, over the batch) stay finite and right, so training went on
 while the logged loss was inf (issue 34). Computed as `log(sum(exp(z - max))) - (z_label - max)` from
-primitives every device has, the loss is exact where the kernel's is inf or capped, and on CPU its
-gradient is bitwise the kernel's (the same softmax, scaled and shifted in the same order;
-tests/test_loss.py holds both to a float64 reference inside a real train step).
+primitives every device has, the loss is exact where the kernel's is inf or capped. On CPU its gradient
+equals the kernel's bit for bit (measured: ResNet-tiny weights identical after 3 steps under amp O0, O2
+and O3); tests/test_loss.py holds it within 1e-6 of the kernel's and of float64 inside a real train step.
 
 Soft labels (label smoothing, mixup, cutmix) keep `ops.SoftmaxCrossEntropyWithLogits`: its kernels
 already subtract the maximum and add log(sum(exp)) (CPU softmax_cross_entropy_with_logits_cpu_kernel.cc
