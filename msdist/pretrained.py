@@ -24,7 +24,7 @@ def _parse(argv: Optional[Sequence[str]]):
                                              "MindSpore checkpoint under msdist's names")
     convert.add_argument("source", metavar="IN", help="the weights file")
     convert.add_argument("output", metavar="OUT.ckpt", help="the MindSpore checkpoint to write")
-    convert.add_argument("--image_size", type=inference.positive_int, default=None,
+    convert.add_argument("--image_size", type=inference.positive_int, default=None, metavar="N",
                          help=f"the input size the weights were trained at [{weights.IMAGENET_IMAGE_SIZE}; an msdist "
                               "checkpoint's own]")
     convert.add_argument("--classes", default=None, metavar=inference.CLASSES_CHOICES,

@@ -94,7 +94,7 @@ def cli_parser(prog: str, description: str) -> ArgumentParser:
     parser = ArgumentParser(prog=prog, allow_abbrev=False, description=description)
     parser.add_argument("--ckpt", required=True, help="a checkpoint written by msdist.train (also _best, _ema) or "
                                                       "by msdist.pretrained convert")
-    parser.add_argument("--image_size", type=positive_int, default=None,
+    parser.add_argument("--image_size", type=positive_int, default=None, metavar="N",
                         help="the input size, replacing the checkpoint's (which it needs where it records none)")
     parser.add_argument("--classes", default=None, metavar=CLASSES_CHOICES,
                         help="the class names, replacing the checkpoint's: the 1000 ImageNet-1k names, the class "
