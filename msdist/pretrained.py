@@ -12,7 +12,7 @@ indices, unless told), mean and std. It holds weights alone: `--resume` refuses 
 import sys
 from typing import Optional, Sequence
 
-from msdist.cluster.cli import cli_main
+from msdist.base.cli import cli_main
 from msdist.run import inference, weights
 from msdist.run.config import ArgumentParser
 

@@ -37,7 +37,7 @@ def _old_converted(tmp_path) -> str:
 # ---------------------------------------------------------------- what convert writes
 
 def test_convert_records_every_inference_field_with_a_sidecar(tmp_path):
-    from msdist.cluster.errors import CheckpointError
+    from msdist.base.errors import CheckpointError
     from msdist.data import pipeline
     from msdist.run import checkpoint, weights
     _write_torch_named(_model_params("resnet_tiny", 4), tmp_path / "tiny.safetensors")
@@ -168,7 +168,7 @@ def test_bfloat16_safetensors_load_as_float32_and_convert(tmp_path):
 
 
 def test_a_dtype_numpy_cannot_hold_is_named_in_one_line(tmp_path):
-    from msdist.cluster.errors import CheckpointError
+    from msdist.base.errors import CheckpointError
     from msdist.run import weights
     _write_safetensors(tmp_path / "fp8.safetensors", {"conv1.weight": ("F8_E4M3", (2, 2), bytes(4))})
     with pytest.raises(CheckpointError) as info:

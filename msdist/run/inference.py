@@ -9,8 +9,8 @@ before it did gets the input size and class names from `--image_size` and `--cla
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from msdist.base.errors import ConfigError
 from msdist.cluster import runtime
-from msdist.cluster.errors import ConfigError
 from msdist.data import pipeline
 from msdist.run import checkpoint
 from msdist.run.config import ArgumentParser, boolean

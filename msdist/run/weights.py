@@ -37,7 +37,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from models import TORCH_CONVENTION
-from msdist.cluster.errors import CheckpointError, ConfigError, first_line
+from msdist.base.errors import CheckpointError, ConfigError, first_line
 from msdist.run import checkpoint, inference
 
 _logger = logging.getLogger(__name__)
