@@ -58,11 +58,11 @@ def _relative_gap(got: np.ndarray, expected: np.ndarray) -> float:
 @pytest.mark.parametrize("margin", MARGINS)
 def test_sparse_loss_is_log_sum_exp_with_todays_gradient(margin):
     from mindspore import nn
-    from msdist.engine import loss
+    from msdist.engine import step
 
     logits, labels = _logits(margin)
     expected_loss, expected_grad = _reference(logits, np.eye(CLASSES)[labels])
-    got_loss, got_grad = _train_step(loss.create_loss(soft_labels=False), logits, labels)
+    got_loss, got_grad = _train_step(step.create_loss(soft_labels=False), logits, labels)
     assert got_loss == pytest.approx(expected_loss, rel=1e-6)
     assert _relative_gap(got_grad, expected_grad) < 1e-6
     # MindSpore's fused kernel, as training used it before: where its loss is finite, the same gradient.
@@ -98,11 +98,11 @@ def _cutmix(labels: np.ndarray):
 def test_soft_label_loss_is_log_sum_exp(margin, targets_of):
     """Label smoothing, mixup and cutmix targets from msdist's own augment functions, through the soft-label
     loss training builds for them."""
-    from msdist.engine import loss
+    from msdist.engine import step
 
     logits, labels = _logits(margin)
     targets = targets_of(labels)
     expected_loss, expected_grad = _reference(logits, targets.astype(np.float64))
-    got_loss, got_grad = _train_step(loss.create_loss(soft_labels=True), logits, targets)
+    got_loss, got_grad = _train_step(step.create_loss(soft_labels=True), logits, targets)
     assert got_loss == pytest.approx(expected_loss, rel=1e-6)
     assert _relative_gap(got_grad, expected_grad) < 1e-6

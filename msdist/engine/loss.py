@@ -17,10 +17,11 @@ primitives every device has, the loss is exact where the kernel's is inf or capp
 equals the kernel's bit for bit (measured: ResNet-tiny weights identical after 3 steps under amp O0, O2
 and O3); tests/test_loss.py holds it within 1e-6 of the kernel's and of float64 inside a real train step.
 
-Soft labels (label smoothing, mixup, cutmix) keep `ops.SoftmaxCrossEntropyWithLogits`: its kernels
-already subtract the maximum and add log(sum(exp)) (CPU softmax_cross_entropy_with_logits_cpu_kernel.cc
-ForwardPostExecute; GPU cross_entropy_impl.cu CrossEntropyKernel), so its value is finite and its
-gradients are today's; the same test holds it to the reference at the same margins.
+Soft labels (label smoothing, mixup, cutmix) keep `ops.SoftmaxCrossEntropyWithLogits` (`step.create_loss`
+builds both): its kernels already subtract the maximum and add log(sum(exp)) (CPU
+softmax_cross_entropy_with_logits_cpu_kernel.cc ForwardPostExecute; GPU cross_entropy_impl.cu
+CrossEntropyKernel), so its value is finite and its gradients are today's; the same test holds it to the
+reference at the same margins.
 """
 from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
@@ -41,10 +42,3 @@ class SparseCrossEntropy(nn.Cell):
         one_hot = ops.one_hot(labels, logits.shape[-1], self.on_value, self.off_value)
         losses = ops.log(ops.exp(shifted).sum(axis=-1)) - (one_hot * shifted).sum(axis=-1)
         return losses.mean()
-
-
-def create_loss(soft_labels: bool):
-    """Training cross-entropy: on class indices, or on float class distributions (mixup, cutmix, smoothing)."""
-    if soft_labels:
-        return nn.SoftmaxCrossEntropyWithLogits(sparse=False, reduction="mean")
-    return SparseCrossEntropy()

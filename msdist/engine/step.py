@@ -5,6 +5,7 @@ from mindspore.common import dtype as mstype
 
 from models import DEFAULT_CONVENTION
 from msdist.base.errors import ConfigError
+from msdist.engine.loss import SparseCrossEntropy
 
 
 class ScaledUpdate(nn.Cell):
@@ -160,6 +161,16 @@ class TrainStep(nn.Cell):
                                                                np.split(labels.asnumpy(), self.accum_steps))]
         self.apply_step()
         return sum(losses[1:], losses[0]) * (1.0 / self.accum_steps)
+
+
+def create_loss(soft_labels: bool):
+    """Training cross-entropy: on class indices, or on float class distributions (mixup, cutmix, smoothing).
+
+    Both are finite for any finite logits (engine/loss.py says why the class-index one is msdist's own).
+    """
+    if soft_labels:
+        return nn.SoftmaxCrossEntropyWithLogits(sparse=False, reduction="mean")
+    return SparseCrossEntropy()
 
 
 def label_placeholder(batch: int, num_classes: int, soft_labels: bool):

@@ -106,7 +106,7 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
     """Network (SyncBN, AMP), LR schedule, optimizer, gradient reducer, and the compiled train step."""
     import mindspore as ms
 
-    from msdist.engine import ema, loss, loss_scale, optim, precision, reducers, step
+    from msdist.engine import ema, loss_scale, optim, precision, reducers, step
     from msdist.run import weights
     amp_level = precision.resolve_amp_level(cfg.amp_level, dist.device_target)
     precision.warn_if_no_speedup(cfg.amp_level, dist.device_target)
@@ -136,7 +136,7 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
     scaler = loss_scale.LossScaler(scale_plan, dist.world_size, rank=dist.rank)
     # batch_size stays the global batch of one optimizer step; accumulation splits each rank's share.
     micro_batch = plan.micro_batch_size(data.per_rank_batch, cfg.grad_accum_steps)
-    train_step = step.TrainStep(net, loss.create_loss(data.regularization.soft_labels), optimizer, scaler, reducer,
+    train_step = step.TrainStep(net, step.create_loss(data.regularization.soft_labels), optimizer, scaler, reducer,
                                 cfg.grad_accum_steps)
     _logger.info("gradients: %s | %d micro-batch(es) of %d per rank per optimizer step", cfg.grad_compression,
                  cfg.grad_accum_steps, micro_batch)
