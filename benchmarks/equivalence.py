@@ -28,7 +28,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from msdist.engine.optim import MOMENTS_PREFIX  # noqa: E402  (after the path insert)
-from msdist.run.checkpoint import is_training_state  # noqa: E402
+from msdist.run.checkpoint_model import is_training_state  # noqa: E402
 DATA_DIR = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "fruits360-4"))
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 GLOBAL_BATCH, LR, SEED = 16, 0.005, 1

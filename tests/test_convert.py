@@ -39,12 +39,12 @@ def _old_converted(tmp_path) -> str:
 def test_convert_records_every_inference_field_with_a_sidecar(tmp_path):
     from msdist.base.errors import CheckpointError
     from msdist.data import pipeline
-    from msdist.run import checkpoint, weights
+    from msdist.run import checkpoint, checkpoint_model, weights
     _write_torch_named(_model_params("resnet_tiny", 4), tmp_path / "tiny.safetensors")
     out = tmp_path / "tiny.ckpt"
     proc = run_msdist("pretrained", ["convert", str(tmp_path / "tiny.safetensors"), str(out)])
     assert f"wrote {out} (resnet_tiny, 4 classes: 0, 1, 2, ...; input 224x224; torch padding)" in proc.stdout
-    meta = checkpoint.stored_meta(str(out))
+    meta = checkpoint_model.stored_meta(str(out))
     assert meta == {"model": "resnet_tiny", "num_classes": 4, "convention": "torch",
                     "converted_from": "tiny.safetensors", "image_size": 224, "classes": ["0", "1", "2", "3"],
                     "mean": meta["mean"], "std": meta["std"]}
@@ -67,7 +67,7 @@ def test_convert_records_every_inference_field_with_a_sidecar(tmp_path):
     again = tmp_path / "again.ckpt"
     run_msdist("pretrained", ["convert", str(out), str(again)])
     for path in (out, again):
-        meta = checkpoint.stored_meta(str(path))
+        meta = checkpoint_model.stored_meta(str(path))
         assert (meta["image_size"], meta["classes"]) == (32, ["apple", "lemon", "mango", "raspberry"])
 
 

@@ -43,6 +43,20 @@ def test_a_config_with_an_unknown_model_is_refused_before_mindspore(tmp_path):
         startup.check_model(config.parse(["--config", str(bad)]), 1)
 
 
+def test_model_names_are_the_register_model_functions_read_without_importing_them(tmp_path):
+    """One source of truth: a family's names are its @register_model functions, read from its source, so a
+    name is checkable before MindSpore (which every family module imports) loads."""
+    (tmp_path / "family_x.py").write_text("import mindspore\nfrom models import registry\n\n\n"
+                                          "@registry.register_model\ndef net_a(num_classes, **kwargs):\n    pass\n\n\n"
+                                          "def _helper():\n    pass\n")
+    code = ("import sys; from models import add_family, list_models; add_family('family_x'); names = list_models(); "
+            "assert 'net_a' in names and '_helper' not in names and 'resnet50' in names, names; "
+            "assert 'family_x' not in sys.modules and 'mindspore' not in sys.modules")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_seed_config_matches_the_tutorial():
     cfg = config.parse(["--config", os.path.join(REPO, "configs", "resnet50_fruits360.yaml")])
     assert (cfg.model, cfg.batch_size, cfg.lr, cfg.momentum, cfg.loss_scale, cfg.epochs, cfg.image_size) == \

@@ -95,10 +95,10 @@ def checkpoint_place(cfg) -> Tuple[str, str]:
 def _convention(cfg, rank: int, source) -> str:
     """How the network pads (models.CONVENTIONS): as the checkpoint --resume restores was built, else as the
     --pretrained weights (`source`) were trained, else MindSpore's."""
-    from msdist.run import checkpoint
-    resumed = checkpoint.resume_meta(cfg.resume, *checkpoint_place(cfg), rank)
+    from msdist.run import checkpoint_model
+    resumed = checkpoint_model.resume_meta(cfg.resume, *checkpoint_place(cfg), rank)
     if resumed:
-        return checkpoint.meta_convention(resumed)
+        return checkpoint_model.meta_convention(resumed)
     return DEFAULT_CONVENTION if source is None else source.convention
 
 

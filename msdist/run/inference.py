@@ -1,18 +1,18 @@
-"""A trained model outside training: its metadata, the CLI options, and the network rebuilt from a checkpoint.
+"""A trained model outside training: the CLI options, and the network rebuilt from a checkpoint.
 
 `msdist.predict` and `msdist.export` need nothing but a checkpoint: training stores the model name,
 class count, input size, normalization, class names and padding convention inside it
-(`checkpoint.META_KEY`), so the Training tree and the training config are not needed.
+(`checkpoint_model.model_meta`), so the Training tree and the training config are not needed.
 `python -m msdist.pretrained convert` stores the same fields (`complete_meta`); a checkpoint converted
 before it did gets the input size and class names from `--image_size` and `--classes`.
 """
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from msdist.base.errors import ConfigError
 from msdist.cluster import runtime
 from msdist.data import pipeline
-from msdist.run import checkpoint
+from msdist.run import checkpoint_model
 from msdist.run.config import ArgumentParser, boolean
 
 # torchvision's ImageNet-1k category names (its weights' meta["categories"]), one a line in class-index order:
@@ -21,17 +21,6 @@ IMAGENET_CLASSES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ima
 CLASSES_CHOICES = "imagenet|index|FILE"
 # What `complete_meta` asks for where a checkpoint records no value: the option that supplies it.
 _OPTION_OF = {"image_size": "--image_size N", "classes": f"--classes {CLASSES_CHOICES}"}
-
-
-def model_meta(model: str, num_classes: int, image_size: int, classes: Dict[str, int], convention: str) -> dict:
-    """What a checkpoint must carry to be used on its own: stored by training in every checkpoint.
-
-    Args:
-        convention: how the network pads (models.CONVENTIONS), so whatever rebuilds it builds the same one.
-    """
-    return {"model": model, "num_classes": num_classes, "image_size": image_size,
-            "classes": sorted(classes, key=classes.get), "mean": list(pipeline.MEAN), "std": list(pipeline.STD),
-            "convention": convention}
 
 
 def class_names(spec: str, num_classes: int) -> List[str]:
@@ -114,10 +103,10 @@ def load_network(path: str, image_size: Optional[int] = None, classes: Optional[
     """
     from msdist.engine import step
 
-    meta = complete_meta(checkpoint.read_meta(path), path, image_size, classes)
+    meta = complete_meta(checkpoint_model.read_meta(path), path, image_size, classes)
     net = step.build_network(meta["model"], int(meta["num_classes"]), False, False, 1,
-                             checkpoint.meta_convention(meta))
-    checkpoint.load_weights(path, net)
+                             checkpoint_model.meta_convention(meta))
+    checkpoint_model.load_weights(path, net)
     net.set_train(False)
     return net, meta
 

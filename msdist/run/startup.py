@@ -161,11 +161,11 @@ def join(started: Started, log_dir: str, log_name: str = "rank") -> Tuple[distri
         log_dir: the rank's log goes to `{log_dir}/{log_name}_{rank}.log`; under mpirun on CPU the
             scheduler's log goes there too.
     """
-    from msdist.run import monitor
+    from msdist.run.logs import setup_logging
     cfg = started.cfg
     dist = distributed.init(started.launch, started.device.target, log_dir, cfg.deterministic)
     runtime.configure_mindspore(started.rt)
-    monitor.setup_logging(log_dir, dist.rank, console=dist.is_main, name=log_name)
+    setup_logging(log_dir, dist.rank, console=dist.is_main, name=log_name)
     return dist, distributed.Collectives(dist.world_size)
 
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from models import TORCH_CONVENTION
 from msdist.base.errors import CheckpointError, ConfigError, first_line
-from msdist.run import checkpoint, inference
+from msdist.run import checkpoint, checkpoint_model, inference
 
 _logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class Source:
         names: {msdist name: the file's own name}, for messages.
         counters: the file's `num_batches_tracked` entries (skipped).
         convention: the padding convention the weights were trained with (models.CONVENTIONS).
-        meta: the file's own msdist metadata (inference.model_meta), {} where it has none.
+        meta: the file's own msdist metadata (checkpoint_model.model_meta), {} where it has none.
     """
     path: str
     kind: str
@@ -191,7 +191,7 @@ def read(path: str) -> Source:
         raw, meta = _read_mindspore(path)
     # torch's BatchNorm statistics tell its naming apart (a .safetensors file may hold MindSpore's too).
     kind = "torch" if path.endswith(TORCH_SUFFIXES) or any(n.endswith(".running_var") for n in raw) else "mindspore"
-    convention = TORCH_CONVENTION if kind == "torch" else checkpoint.meta_convention(meta)
+    convention = TORCH_CONVENTION if kind == "torch" else checkpoint_model.meta_convention(meta)
     tensors, names = {}, {}
     for name, value in raw.items():
         if name.endswith(_COUNTER):
