@@ -12,9 +12,9 @@ indices, unless told), mean and std. It holds weights alone: `--resume` refuses 
 import sys
 from typing import Optional, Sequence
 
+from msdist.base.args import ArgumentParser, positive_int
 from msdist.base.cli import cli_main
 from msdist.run import inference, weights
-from msdist.run.config import ArgumentParser
 
 
 def _parse(argv: Optional[Sequence[str]]):
@@ -24,7 +24,7 @@ def _parse(argv: Optional[Sequence[str]]):
                                              "MindSpore checkpoint under msdist's names")
     convert.add_argument("source", metavar="IN", help="the weights file")
     convert.add_argument("output", metavar="OUT.ckpt", help="the MindSpore checkpoint to write")
-    convert.add_argument("--image_size", type=inference.positive_int, default=None, metavar="N",
+    convert.add_argument("--image_size", type=positive_int, default=None, metavar="N",
                          help=f"the input size the weights were trained at [{weights.IMAGENET_IMAGE_SIZE}; an msdist "
                               "checkpoint's own]")
     convert.add_argument("--classes", default=None, metavar=inference.CLASSES_CHOICES,

@@ -9,11 +9,11 @@ before it did gets the input size and class names from `--image_size` and `--cla
 import os
 from typing import List, Optional, Sequence, Tuple
 
+from msdist.base.args import ArgumentParser, boolean, positive_int
 from msdist.base.errors import ConfigError
 from msdist.cluster import runtime
 from msdist.data import pipeline
 from msdist.run import checkpoint_model
-from msdist.run.config import ArgumentParser, boolean
 
 # torchvision's ImageNet-1k category names (its weights' meta["categories"]), one a line in class-index order:
 # a text file, so naming an ImageNet model's classes needs neither torch nor the network.
@@ -69,13 +69,6 @@ def complete_meta(meta: dict, path: str, image_size: Optional[int] = None, class
                           f"{' and '.join(_OPTION_OF[field] for field in missing)}")
     return meta
 
-
-def positive_int(text: str) -> int:
-    """argparse type: a whole number of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"{value} is below 1")
-    return value
 
 
 def cli_parser(prog: str, description: str) -> ArgumentParser:
