@@ -60,7 +60,7 @@ def data_dir():
 
 @pytest.fixture(scope="session")
 def torchvision():
-    """(torch, torchvision), the references the --pretrained tests compare with; the test skips without them."""
+    """(torch, torchvision): the references the weights tests compare msdist with; they skip without them."""
     torch = pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[reference]'")
     # torchvision's PyPI wheel links libtorch_cuda; next to the CPU torch, registering the fake kernels of its C
     # ops (nms, ...) fails at import. Its models never call those ops, so the registration is skipped meanwhile.
