@@ -103,6 +103,8 @@ def test_buckets_and_backward_costs_come_from_the_real_network():
     assert grads.costs[names.index("fc.weight")] == 512 * 1000
     one_group = network_gradients("resnet18", 1000, 32, "")
     assert len(one_group.buckets) == 1 and one_group.buckets[0].first == 0
+    split = network_gradients("resnet18", 1000, 32, "30")  # cut after parameter 30, network order
+    assert [(b.first, b.last) for b in split.buckets] == [(31, len(names) - 1), (0, 30)]
 
 
 def _parse(*args):

@@ -10,19 +10,18 @@ import os
 from typing import Dict, List
 
 from msdist.engine import buckets
+from msdist.run.config import fusion_split
 from msdist.run.forecast import Gradients
 
-ONE_GROUP = ""  # allreduce_fusion: one fused group for every gradient
-AUTO = "auto"   # allreduce_fusion: DDP-like byte buckets (engine.buckets.DEFAULT_BUCKET_BYTES)
+AUTO = "auto"  # allreduce_fusion: DDP-like byte buckets (engine.buckets.DEFAULT_BUCKET_BYTES)
 
 
-def bucket_bytes(allreduce_fusion: str, total_bytes: int) -> int:
-    """The byte cut that reproduces the run's grouping: byte buckets for `auto`, else one group.
-
-    Index splits such as "85,160" count positions in the optimizer's list, which mixes first and last layers
-    (issue #32 item 4): no group can leave before backward ends, which one group after backward models.
-    """
-    return buckets.DEFAULT_BUCKET_BYTES if allreduce_fusion == AUTO else total_bytes
+def plan(sizes, allreduce_fusion: str) -> List[buckets.Bucket]:
+    """The run's buckets in send order, as the training step cuts them (`engine/step.py` `bucket_gradients`):
+    `auto` by bytes, indices after those parameters (network order), "" one bucket."""
+    if allreduce_fusion.strip().lower() == AUTO:
+        return buckets.plan_buckets(sizes)
+    return buckets.cut_after(sizes, fusion_split(allreduce_fusion))
 
 
 def layer_multiply_adds(net, image_size: int) -> Dict[str, float]:
@@ -74,5 +73,4 @@ def network_gradients(model: str, num_classes: int, image_size: int, allreduce_f
     sizes = buckets.parameter_sizes(net)
     macs = layer_multiply_adds(net, image_size)
     costs: List[float] = [macs.get(name, 0.0) for name, _ in sizes]  # BatchNorm and biases: next to nothing
-    plan = buckets.plan_buckets(sizes, bucket_bytes(allreduce_fusion, sum(n for _, n in sizes)))
-    return Gradients(plan, sizes, costs)
+    return Gradients(plan(sizes, allreduce_fusion), sizes, costs)
