@@ -10,7 +10,7 @@ import json
 import os
 import sys
 from dataclasses import asdict, dataclass
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from msdist.cluster import runtime
 from msdist.cluster.cli import cli_main
@@ -76,29 +76,36 @@ def _precision(cfg) -> str:
     return "fp32" if precision.resolve_amp_level(cfg.amp_level, "GPU") == "O0" else "amp"
 
 
-def _compute(cfg) -> Compute:
-    """One GPU's compute per image: the measured --step_ms (host work taken out, added back per step), else the table."""
+def _compute(cfg) -> Tuple[Compute, str]:
+    """One GPU's compute per image and where it comes from: the measured --step_ms (host work taken out, added back
+    per step), else the table scaled to image_size by pixels."""
     if cfg.step_ms:
         per_image = max(cfg.step_ms - hardware.HOST_OVERHEAD_MS, 0.0) / cfg.batch_size
-        return Compute(per_image, hardware.HOST_OVERHEAD_MS, cfg.grad_accum_steps)
+        source = f"measured: --step_ms {cfg.step_ms:g} at batch {cfg.batch_size} on one GPU"
+        return Compute(per_image, hardware.HOST_OVERHEAD_MS, cfg.grad_accum_steps), source
     if not cfg.gpu:
         raise ConfigError(f"say what one GPU computes: --gpu NAME ({', '.join(hardware.GPUS)}) or "
                           f"{hardware.STEP_MS_HOWTO}")
-    rate = hardware.gpu_throughput(cfg.gpu, cfg.model, _precision(cfg))
+    kind = _precision(cfg)
+    rate = hardware.gpu_throughput(cfg.gpu, cfg.model, kind)
     per_image = 1000 / rate.images_per_sec * (cfg.image_size / hardware.REFERENCE_SIZE) ** 2
-    return Compute(per_image, hardware.HOST_OVERHEAD_MS, cfg.grad_accum_steps)
+    source = (f"{cfg.gpu.upper()} {kind}: {rate.images_per_sec:.0f} img/s at 224 px, batch {rate.batch} "
+              f"({rate.source}), scaled to {cfg.image_size} px")
+    return Compute(per_image, hardware.HOST_OVERHEAD_MS, cfg.grad_accum_steps), source
+
+
+def _edited(link: hardware.Link, busbw: Optional[float], latency_us: Optional[float]) -> hardware.Link:
+    """`link` with the command line's --*_busbw / --latency_us in place of the preset's figures."""
+    if busbw is None and latency_us is None:
+        return link
+    return hardware.Link(f"{link.name} (edited)", link.busbw_gbs if busbw is None else busbw,
+                         link.latency_us if latency_us is None else latency_us, "command line")
 
 
 def _network(cfg) -> Network:
     intra, inter = hardware.links(cfg.network, cfg.gpu)
-    for level in ("intra", "inter"):
-        link = intra if level == "intra" else inter
-        busbw = getattr(cfg, f"{level}_busbw")
-        if busbw is not None or cfg.latency_us is not None:
-            link = hardware.Link(f"{link.name} (edited)", busbw if busbw is not None else link.busbw_gbs,
-                                 cfg.latency_us if cfg.latency_us is not None else link.latency_us, "command line")
-        intra, inter = (link, inter) if level == "intra" else (intra, link)
-    return Network(intra, inter, cfg.gpus_per_node)
+    return Network(_edited(intra, cfg.intra_busbw, cfg.latency_us), _edited(inter, cfg.inter_busbw, cfg.latency_us),
+                   cfg.gpus_per_node)
 
 
 def _num_classes(cfg) -> int:
@@ -111,13 +118,8 @@ def _num_classes(cfg) -> int:
 
 def resolve(cfg) -> Setup:
     """Check and resolve every option before MindSpore loads. Raises ConfigError naming the fix."""
-    compute = _compute(cfg)
-    if cfg.step_ms:
-        source = f"measured: --step_ms {cfg.step_ms:g} at batch {cfg.batch_size} on one GPU"
-    else:
-        rate = hardware.gpu_throughput(cfg.gpu, cfg.model, _precision(cfg))
-        source = (f"{cfg.gpu.upper()} {_precision(cfg)}: {rate.images_per_sec:.0f} img/s at 224 px, batch "
-                  f"{rate.batch} ({rate.source}), scaled to {cfg.image_size} px")
+    startup.check_model(cfg, 1)
+    compute, source = _compute(cfg)
     input_us = cfg.input_us or hardware.input_us_per_image(cfg.image_size)
     return Setup(compute, source, _network(cfg), input_us, _num_classes(cfg))
 

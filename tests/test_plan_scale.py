@@ -130,6 +130,7 @@ def test_step_ms_is_the_one_gpu_step_and_the_gpu_table_scales_by_pixels():
     ([], "--step_ms"),
     (["--gpu", "K80", "--amp_level", "O2"], "--step_ms"),
     (["--gpu", "A100", "--network", "ib800"], "ib400"),
+    (["--model", "resnet99", "--step_ms", "100"], "resnet50"),
 ])
 def test_what_the_tables_do_not_hold_is_refused_in_one_line(args, named):
     proc = run_msdist("plan_scale", ["--config", R18_CONFIG, *args], check=False, timeout=120)
