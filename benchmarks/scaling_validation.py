@@ -8,7 +8,7 @@ local: the same model on what this host runs. mccl's all-reduce over loopback is
   R concurrent 1-rank msdist.train runs, each pinned to one core as mpirun pins ranks (so at the per-rank
   thread count, sharing the cores as the ranks do); the forecast of the R-rank step is compared with a real
   `mpirun -n R python -m msdist.train` of the same shapes. The host is shared: `uptime` is printed with
-  every figure.
+  every figure, and every time is the lowest of its repeats (steps, all-reduces), since other load only adds.
 """
 import argparse
 import json
@@ -86,7 +86,7 @@ def print_published(rows: list) -> None:
 # ---------------------------------------------------------------------------------------------- this host
 
 def worker_allreduce(sizes: str, reps: str) -> None:
-    """Seconds of one mccl AllReduce of each size (float32), median of `reps` after a warm-up; run under mpirun.
+    """Seconds of one mccl AllReduce of each size (float32), lowest of `reps` after a warm-up; run under mpirun.
 
     Rank 0 prints them; every rank then leaves the job as msdist.train does (distributed.finish, no teardown).
     """
@@ -116,7 +116,7 @@ def worker_allreduce(sizes: str, reps: str) -> None:
             start = time.perf_counter()
             reduce(x).asnumpy()
             times.append(time.perf_counter() - start)
-        seconds[nbytes] = statistics.median(times)
+        seconds[nbytes] = min(times)
     if dist.is_main:
         print("RESULT " + json.dumps({"world": dist.world_size, "seconds": seconds}), flush=True)
     distributed.finish(started.launch, dist, collectives)
@@ -147,13 +147,14 @@ def _train_cmd(model: str, ranks_batch: int, out: str, data_dir: str, steps: int
             "--epochs", "1", "--max_steps", str(steps), "--eval_every_epochs", "0"]
 
 
-def _median_step(out: str, ranks: int, skip: int = 2) -> float:
-    steps = [s for r in range(ranks) for s, _ in throughput._step_lines(out, r)[skip - 1:]]
-    return statistics.median(steps)
+def _fastest_step(out: str, ranks: int, skip: int = 2) -> float:
+    """The lowest s/step of the run's ranks after the first `skip` steps."""
+    return min(s for r in range(ranks) for s, _ in throughput._step_lines(out, r)[skip - 1:])
 
 
 def concurrent_compute(model: str, ranks: int, data_dir: str, steps: int, root: str) -> float:
-    """Median s/step of `ranks` simultaneous 1-rank runs at the per-rank batch, each pinned to one core."""
+    """s/step of `ranks` simultaneous 1-rank runs at the per-rank batch, each pinned to one core (the slowest run's
+    fastest step: a rank of the real job waits for the slowest)."""
     cores = len(os.sched_getaffinity(0))
     procs, outs = [], []
     for i in range(ranks):
@@ -165,7 +166,7 @@ def concurrent_compute(model: str, ranks: int, data_dir: str, steps: int, root: 
         outs.append(out)
     if any(p.wait(timeout=3600) for p in procs):
         raise RuntimeError(f"a concurrent {model} run failed; see {root}")
-    return statistics.median(_median_step(out, 1) for out in outs)
+    return max(_fastest_step(out, 1) for out in outs)
 
 
 def measured_step(model: str, ranks: int, data_dir: str, steps: int, root: str) -> float:
@@ -173,10 +174,12 @@ def measured_step(model: str, ranks: int, data_dir: str, steps: int, root: str) 
     cmd = ["mpirun", "-n", str(ranks), "--oversubscribe"] + _train_cmd(model, LOCAL_PER_RANK_BATCH * ranks, out,
                                                                          data_dir, steps)
     throughput.run_child(cmd, throughput._env(), "msdist.train", 3600)
-    return _median_step(out, ranks)
+    return _fastest_step(out, ranks)
 
 
-def local_rows(data_dir: str, steps: int, reps: int) -> dict:
+def local_rows(data_dir: str, steps: int, reps: int, rounds: int) -> dict:
+    """The fitted loopback link, then per model and rank count `rounds` alternations of (concurrent 1-rank runs,
+    the real mpirun job), each kind's lowest step taken: other jobs' load comes and goes between runs."""
     from msdist.run import config
     from msdist.run.network_cost import network_gradients
     sweeps = {}
@@ -191,17 +194,20 @@ def local_rows(data_dir: str, steps: int, reps: int) -> dict:
     for model in LOCAL_MODELS:
         grads = network_gradients(model, LOCAL_CLASSES, LOCAL_IMAGE_SIZE, fusion)
         for ranks in (2, 4):
-            alone = concurrent_compute(model, ranks, data_dir, steps, root)
-            load_alone = uptime()
-            measured = measured_step(model, ranks, data_dir, steps, root)
+            alone, measured, loads = [], [], []
+            for r in range(rounds):
+                alone.append(concurrent_compute(model, ranks, data_dir, steps, os.path.join(root, f"round{r}")))
+                loads.append(uptime())
+                measured.append(measured_step(model, ranks, data_dir, steps, os.path.join(root, f"round{r}")))
+                loads.append(uptime())
             # The concurrent runs' step already holds msdist's host work; the exchange is what the forecast adds.
-            compute = Compute(alone * 1000 / LOCAL_PER_RANK_BATCH, 0.0)
+            compute = Compute(min(alone) * 1000 / LOCAL_PER_RANK_BATCH, 0.0)
             row = forecast.forecast("none", grads, compute, Network(link, link, ranks), 0, LOCAL_PER_RANK_BATCH,
                                     0.0, scales=(ranks,)).rows[0]
-            rows.append({"model": model, "ranks": ranks, "compute_s": alone, "exposed_s": row.exposed_ms / 1000,
-                         "predicted_s": row.step_ms / 1000, "measured_s": measured,
-                         "error": row.step_ms / 1000 / measured - 1, "uptime_compute": load_alone,
-                         "uptime_measured": uptime()})
+            rows.append({"model": model, "ranks": ranks, "compute_s": min(alone), "exposed_s": row.exposed_ms / 1000,
+                         "predicted_s": row.step_ms / 1000, "measured_s": min(measured),
+                         "error": row.step_ms / 1000 / min(measured) - 1, "compute_rounds_s": alone,
+                         "measured_rounds_s": measured, "uptimes": loads})
             print_local(rows[-1:])
     return {"sweeps": sweeps, "link": link.__dict__, "rows": rows, "allreduce_fusion": fusion}
 
@@ -210,8 +216,8 @@ def print_local(rows: list) -> None:
     for r in rows:
         print(f"{r['model']:<9} {r['ranks']} ranks: compute {r['compute_s']:.3f} s + exposed all-reduce "
               f"{r['exposed_s']:.3f} s = predicted {r['predicted_s']:.3f} s/step, measured {r['measured_s']:.3f} "
-              f"({r['error']:+.1%}) | compute at {r['uptime_compute']} | measured at {r['uptime_measured']}",
-              flush=True)
+              f"({r['error']:+.1%}) | rounds: compute {r['compute_rounds_s']}, measured {r['measured_rounds_s']} | "
+              f"load after each run: {' ; '.join(u.split('load average: ')[-1] for u in r['uptimes'])}", flush=True)
 
 
 def main() -> int:
@@ -219,7 +225,8 @@ def main() -> int:
     parser.add_argument("--part", choices=("published", "local", "all"), default="all")
     parser.add_argument("--data_dir", default=throughput.DATA_DIR)
     parser.add_argument("--steps", type=int, default=10, help="training steps per local run (the first two untimed)")
-    parser.add_argument("--reps", type=int, default=3, help="timed all-reduces per size")
+    parser.add_argument("--reps", type=int, default=5, help="timed all-reduces per size")
+    parser.add_argument("--rounds", type=int, default=2, help="alternations of compute-alone and real runs")
     parser.add_argument("--json", default="", help="also write everything here")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -230,7 +237,7 @@ def main() -> int:
         report["published"] = published_rows()
         print_published(report["published"])
     if args.part in ("local", "all"):
-        report["local"] = local_rows(args.data_dir, args.steps, args.reps)
+        report["local"] = local_rows(args.data_dir, args.steps, args.reps, args.rounds)
     report["uptime_end"] = uptime()
     print(f"load: start {report['uptime_start']} | end {report['uptime_end']}")
     if args.json:
