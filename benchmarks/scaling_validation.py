@@ -65,11 +65,8 @@ def published_rows() -> list:
     rows = []
     for name, model, gpu, prec, batch, per_node, links, n, published, unit in PUBLISHED:
         base = 8 if unit == "efficiency vs 8" else 1
-        first, last = _weak_rows(grads[model], gpu, model, prec, batch, per_node, links, (base, n))
-        if unit == "img/s":
-            predicted = last.images_per_sec
-        else:
-            predicted = last.images_per_sec / (first.images_per_sec * n / base)
+        last = _weak_rows(grads[model], gpu, model, prec, batch, per_node, links, (base, n))[-1]
+        predicted = last.images_per_sec if unit == "img/s" else last.efficiency
         rows.append({"run": name, "N": n, "unit": unit, "published": published, "predicted": predicted,
                      "error": predicted / published - 1, "exposed_ms": last.exposed_ms, "step_ms": last.step_ms})
     return rows

@@ -76,6 +76,10 @@ def test_rows_add_compute_exposed_exchange_and_host_work():
     weak = forecast.forecast("fp16", grads, Compute(5.0, 1.0), net, 8, 4, 1000.0, scales=(1, 2, 16))
     assert [r.per_gpu_batch for r in weak.rows] == [4, 4, 4]
     assert weak.rows[1].exposed_ms == pytest.approx(5.0)
+    # efficiency is per GPU against the table's first row, whatever N it starts at
+    from_two = forecast.forecast("none", grads, Compute(5.0, 1.0), net, 8, 4, 0.0, scales=(2, 4)).rows
+    assert from_two[0].efficiency == 1.0
+    assert from_two[1].efficiency == pytest.approx(from_two[1].images_per_sec / 4 / (from_two[0].images_per_sec / 2))
 
 
 def test_the_first_dominated_n_is_where_exposed_reaches_compute():

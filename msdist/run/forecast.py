@@ -171,10 +171,11 @@ def forecast(exchange: str, grads: Gradients, compute: Compute, net: Network, gl
              scales: Sequence[int] = SCALES) -> Forecast:
     """Rows for N in `scales`: weak scaling with `per_gpu_batch`, else the global batch kept (strong scaling).
 
-    Strong scaling stops where the global batch no longer gives every GPU one image.
+    Efficiency is images/s per GPU against the first row's (N = 1 in the default scales). Strong scaling stops
+    where the global batch no longer gives every GPU one image.
     """
     result = Forecast(exchange)
-    single = None
+    first_per_gpu = None
     for n in scales:
         batch = per_gpu_batch if per_gpu_batch else global_batch / n
         if batch < 1:
@@ -185,7 +186,7 @@ def forecast(exchange: str, grads: Gradients, compute: Compute, net: Network, gl
         exposed = exposed_seconds(messages_for(exchange, grads, n, net, topk_ratio), window)
         step = compute_s + exposed + compute.host_ms / 1000
         rate = n * batch / step
-        single = single or rate
+        first_per_gpu = first_per_gpu or rate / n
         result.rows.append(Row(n, nodes(n, net.gpus_per_node), batch, compute_s * 1000, exposed * 1000, step * 1000,
-                               rate, rate / (n * single), batch / step * input_us / 1e6, exposed >= compute_s))
+                               rate, rate / n / first_per_gpu, batch / step * input_us / 1e6, exposed >= compute_s))
     return result
