@@ -13,7 +13,6 @@ local: the same model on what this host runs. mccl's all-reduce over loopback is
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -129,12 +128,16 @@ def sweep(ranks: int, reps: int) -> dict:
 
 
 def fit_link(points: list) -> hardware.Link:
-    """Least squares of t = latency + x / busbw over (ranks, bytes, seconds), x = 2(n-1)/n * bytes."""
+    """t = latency + x / busbw over (ranks, bytes, seconds), x = 2(n-1)/n * bytes, by least squares of the RELATIVE
+    residuals (weights 1/t^2): sizes span 2000x, so plain least squares would hear only the largest ones, and
+    one loaded 128 MB point could set the latency."""
     xs = [2 * (n - 1) / n * b for n, b, _ in points]
+    ws = [1 / t ** 2 for _, _, t in points]
     ts = [t for _, _, t in points]
-    mx, mt = statistics.fmean(xs), statistics.fmean(ts)
-    slope = sum((x - mx) * (t - mt) for x, t in zip(xs, ts)) / sum((x - mx) ** 2 for x in xs)
-    latency = max(0.0, mt - slope * mx)
+    sw, sx, sxx = sum(ws), sum(w * x for w, x in zip(ws, xs)), sum(w * x * x for w, x in zip(ws, xs))
+    st, sxt = sum(w * t for w, t in zip(ws, ts)), sum(w * x * t for w, x, t in zip(ws, xs, ts))
+    slope = (sw * sxt - sx * st) / (sw * sxx - sx * sx)
+    latency = max(0.0, (st - slope * sx) / sw)
     return hardware.Link("loopback (fitted)", 1 / slope / 1e9, latency * 1e6, "fitted to mccl over loopback, here")
 
 
@@ -174,22 +177,17 @@ def measured_step(model: str, ranks: int, data_dir: str, steps: int, root: str) 
     return _fastest_step(out, ranks)
 
 
-def local_rows(data_dir: str, steps: int, reps: int, rounds: int) -> dict:
-    """The fitted loopback link, then per model and rank count `rounds` alternations of (concurrent 1-rank runs,
-    the real mpirun job), each kind's lowest step taken: other jobs' load comes and goes between runs."""
+def measure_local(data_dir: str, steps: int, reps: int, rounds: int) -> dict:
+    """mccl's all-reduce at 2 and 4 ranks, then per model and rank count `rounds` alternations of (concurrent 1-rank
+    runs, the real mpirun job): other jobs' load comes and goes between runs, so each kind's lowest is kept."""
     from msdist.run import config
-    from msdist.run.network_cost import network_gradients
     sweeps = {}
     for ranks in (2, 4):
         sweeps[ranks] = {"seconds": sweep(ranks, reps), "uptime": uptime()}
         print(f"mccl all-reduce, {ranks} ranks ({sweeps[ranks]['uptime']}):", ", ".join(
             f"{b / 2**20:g} MB {t * 1000:.1f} ms" for b, t in sweeps[ranks]["seconds"].items()), flush=True)
-    link = fit_link([(n, b, t) for n, s in sweeps.items() for b, t in s["seconds"].items()])
-    print(f"fitted loopback link: busbw {link.busbw_gbs * 1000:.0f} MB/s, latency {link.latency_us:.0f} us", flush=True)
-    fusion = next(o.default for o in config.TRAIN_OPTIONS if o.name == "allreduce_fusion")  # what training runs
-    rows, root = [], tempfile.mkdtemp(prefix="msdist-scaling-")
+    runs, root = [], tempfile.mkdtemp(prefix="msdist-scaling-")
     for model in LOCAL_MODELS:
-        grads = network_gradients(model, LOCAL_CLASSES, LOCAL_IMAGE_SIZE, fusion)
         for ranks in (2, 4):
             alone, measured, loads = [], [], []
             for r in range(rounds):
@@ -197,16 +195,33 @@ def local_rows(data_dir: str, steps: int, reps: int, rounds: int) -> dict:
                 loads.append(uptime())
                 measured.append(measured_step(model, ranks, data_dir, steps, os.path.join(root, f"round{r}")))
                 loads.append(uptime())
-            # The concurrent runs' step already holds msdist's host work; the exchange is what the forecast adds.
-            compute = Compute(min(alone) * 1000 / LOCAL_PER_RANK_BATCH, 0.0)
-            row = forecast.forecast("none", grads, compute, Network(link, link, ranks), 0, LOCAL_PER_RANK_BATCH,
-                                    0.0, scales=(ranks,)).rows[0]
-            rows.append({"model": model, "ranks": ranks, "compute_s": min(alone), "exposed_s": row.exposed_ms / 1000,
-                         "predicted_s": row.step_ms / 1000, "measured_s": min(measured),
-                         "error": row.step_ms / 1000 / min(measured) - 1, "compute_rounds_s": alone,
-                         "measured_rounds_s": measured, "uptimes": loads})
-            print_local(rows[-1:])
-    return {"sweeps": sweeps, "link": link.__dict__, "rows": rows, "allreduce_fusion": fusion}
+            runs.append({"model": model, "ranks": ranks, "compute_rounds_s": alone, "measured_rounds_s": measured,
+                         "uptimes": loads})
+            print(f"{model} {ranks} ranks: compute alone {alone} s/step, real job {measured} s/step", flush=True)
+    fusion = next(o.default for o in config.TRAIN_OPTIONS if o.name == "allreduce_fusion")  # what training ran
+    return {"sweeps": sweeps, "runs": runs, "allreduce_fusion": fusion}
+
+
+def predict_local(measured: dict) -> dict:
+    """The fitted loopback link and, per run, compute + exposed all-reduce against the real job's step."""
+    from msdist.run.network_cost import network_gradients
+    sweeps = {int(n): {int(b): t for b, t in s["seconds"].items()} for n, s in measured["sweeps"].items()}
+    link = fit_link([(n, b, t) for n, s in sweeps.items() for b, t in s.items()])
+    print(f"fitted loopback link: busbw {link.busbw_gbs * 1000:.0f} MB/s, latency {link.latency_us:.0f} us")
+    rows, grads = [], {}
+    for run in measured["runs"]:
+        model, ranks = run["model"], run["ranks"]
+        if model not in grads:
+            grads[model] = network_gradients(model, LOCAL_CLASSES, LOCAL_IMAGE_SIZE, measured["allreduce_fusion"])
+        alone, real = min(run["compute_rounds_s"]), min(run["measured_rounds_s"])
+        # The concurrent runs' step already holds msdist's host work; the exchange is what the forecast adds.
+        compute = Compute(alone * 1000 / LOCAL_PER_RANK_BATCH, 0.0)
+        row = forecast.forecast("none", grads[model], compute, Network(link, link, ranks), 0, LOCAL_PER_RANK_BATCH,
+                                0.0, scales=(ranks,)).rows[0]
+        rows.append({**run, "compute_s": alone, "exposed_s": row.exposed_ms / 1000, "predicted_s": row.step_ms / 1000,
+                     "measured_s": real, "error": row.step_ms / 1000 / real - 1})
+    print_local(rows)
+    return {"link": link.__dict__, "rows": rows}
 
 
 def print_local(rows: list) -> None:
@@ -224,6 +239,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10, help="training steps per local run (the first two untimed)")
     parser.add_argument("--reps", type=int, default=5, help="timed all-reduces per size")
     parser.add_argument("--rounds", type=int, default=2, help="alternations of compute-alone and real runs")
+    parser.add_argument("--reuse", default="", help="local: recompute the predictions from the measurements in this "
+                        "--json file of an earlier run instead of measuring again")
     parser.add_argument("--json", default="", help="also write everything here")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -234,7 +251,12 @@ def main() -> int:
         report["published"] = published_rows()
         print_published(report["published"])
     if args.part in ("local", "all"):
-        report["local"] = local_rows(args.data_dir, args.steps, args.reps, args.rounds)
+        if args.reuse:
+            with open(args.reuse, encoding="utf-8") as f:
+                report["local_measured"] = json.load(f)["local_measured"]
+        else:
+            report["local_measured"] = measure_local(args.data_dir, args.steps, args.reps, args.rounds)
+        report["local"] = predict_local(report["local_measured"])
     report["uptime_end"] = uptime()
     print(f"load: start {report['uptime_start']} | end {report['uptime_end']}")
     if args.json:
