@@ -22,7 +22,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 import throughput  # noqa: E402  (benchmarks/ is this script's directory: one child runner, one log parser)
 from msdist.run import forecast, hardware  # noqa: E402
-from msdist.run.forecast import Compute, Network  # noqa: E402
+from msdist.engine import buckets  # noqa: E402
+from msdist.run.forecast import Compute, Gradients, Network  # noqa: E402
 
 SIZES = tuple(64 * 1024 * 4 ** i for i in range(6)) + (128 * 2 ** 20,)  # 64 KB .. 64 MB, 128 MB
 LOCAL_MODELS = ("resnet18", "resnet50")
@@ -216,10 +217,15 @@ def predict_local(measured: dict) -> dict:
         alone, real = min(run["compute_rounds_s"]), min(run["measured_rounds_s"])
         # The concurrent runs' step already holds msdist's host work; the exchange is what the forecast adds.
         compute = Compute(alone * 1000 / LOCAL_PER_RANK_BATCH, 0.0)
-        row = forecast.forecast("none", grads[model], compute, Network(link, link, ranks), 0, LOCAL_PER_RANK_BATCH,
-                                0.0, scales=(ranks,)).rows[0]
+        g = grads[model]
+        # Without all-reduce fusion on CPU (MindSpore before #32 item 4), each parameter is its own all-reduce.
+        per_parameter = Gradients(buckets.cut_after(g.sizes, range(len(g.sizes) - 1)), g.sizes, g.costs)
+        row, per_row = (forecast.forecast("none", plan, compute, Network(link, link, ranks), 0, LOCAL_PER_RANK_BATCH,
+                                          0.0, scales=(ranks,)).rows[0] for plan in (g, per_parameter))
         rows.append({**run, "compute_s": alone, "exposed_s": row.exposed_ms / 1000, "predicted_s": row.step_ms / 1000,
-                     "measured_s": real, "error": row.step_ms / 1000 / real - 1})
+                     "measured_s": real, "error": row.step_ms / 1000 / real - 1,
+                     "per_parameter_predicted_s": per_row.step_ms / 1000,
+                     "per_parameter_error": per_row.step_ms / 1000 / real - 1})
     print_local(rows)
     return {"link": link.__dict__, "rows": rows}
 
@@ -228,7 +234,8 @@ def print_local(rows: list) -> None:
     for r in rows:
         print(f"{r['model']:<9} {r['ranks']} ranks: compute {r['compute_s']:.3f} s + exposed all-reduce "
               f"{r['exposed_s']:.3f} s = predicted {r['predicted_s']:.3f} s/step, measured {r['measured_s']:.3f} "
-              f"({r['error']:+.1%}) | rounds: compute {r['compute_rounds_s']}, measured {r['measured_rounds_s']} | "
+              f"({r['error']:+.1%}); one all-reduce per parameter: {r['per_parameter_predicted_s']:.3f} "
+              f"({r['per_parameter_error']:+.1%}) | rounds: compute {r['compute_rounds_s']}, measured {r['measured_rounds_s']} | "
               f"load after each run: {' ; '.join(u.split('load average: ')[-1] for u in r['uptimes'])}", flush=True)
 
 
