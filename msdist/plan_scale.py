@@ -12,9 +12,9 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Dict, Optional, Tuple
 
+from msdist.base.cli import cli_main
+from msdist.base.errors import ConfigError
 from msdist.cluster import runtime
-from msdist.cluster.cli import cli_main
-from msdist.cluster.errors import ConfigError
 from msdist.engine import precision
 from msdist.run import config, forecast, hardware, startup
 from msdist.run.forecast import Compute, Network

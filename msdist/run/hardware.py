@@ -9,7 +9,7 @@ MindSpore-free: plain data and the look-ups that refuse what the tables do not h
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-from msdist.cluster.errors import ConfigError
+from msdist.base.errors import ConfigError
 
 REFERENCE_SIZE = 224  # px: every published figure below is ImageNet training at 224 x 224
 
