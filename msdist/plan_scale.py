@@ -16,7 +16,7 @@ from msdist.base.cli import cli_main
 from msdist.base.errors import ConfigError
 from msdist.cluster import runtime
 from msdist.engine import precision
-from msdist.run import config, forecast, hardware, startup
+from msdist.run import config, forecast, hardware, network_cost, startup
 from msdist.run.forecast import Compute, Network
 
 JSON_FLAG = "--json"  # a bare flag, like msdist.check's --plan
@@ -62,8 +62,7 @@ def main(argv=None) -> int:
     setup = resolve(cfg)
     # One forward pass on CPU: oneDNN's own ISA choice is fast enough, no probe.
     startup.start_standalone(device_target="CPU", cpu_isa="default")
-    from msdist.run.network_cost import network_gradients
-    grads = network_gradients(cfg.model, setup.num_classes, cfg.image_size, cfg.allreduce_fusion)
+    grads = network_cost.network_gradients(cfg.model, setup.num_classes, cfg.image_size, cfg.allreduce_fusion)
     tables = {exchange: forecast.forecast(exchange, grads, setup.compute, setup.network, cfg.batch_size,
                                           cfg.per_gpu_batch or None, setup.input_us, cfg.topk_ratio)
               for exchange in forecast.EXCHANGES}
