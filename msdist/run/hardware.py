@@ -142,9 +142,9 @@ def links(network: str, gpu: Optional[str]) -> Tuple[Link, Link]:
 # ------------------------------------------------------------------------------------- this host's costs
 
 # Host work per step outside the compiled graph (batch fetch, dispatch, loss bookkeeping, heartbeat, logging),
-# measured on this host with a graph of negligible compute: msdist.train, resnet_tiny at 8 px, batch 2, one core,
-# log_every 20, 400 steps: median 3.3 ms per step (images/s of metrics.jsonl; docs/scaling.md "Host work").
-HOST_OVERHEAD_MS = 3.3
+# measured on this host with a graph of negligible compute by benchmarks/host_work.py (docs/performance.md, "Host
+# work per step": 2201 us, median of 300 steps, load 5-6.5). docs/scaling.md "Host work" has a cross-check.
+HOST_OVERHEAD_MS = 2.2
 # CPU per training image of msdist's input pipeline, one worker, 100 px JPEGs resized to 100 px
 # (`python -m msdist.data bench`, docs/data.md): read+decode 114 us (per source image), resize 18 us and
 # batch (normalize, layout, batch) 72 us (both per output pixel, so they scale with image_size^2).
