@@ -20,7 +20,7 @@ import tempfile
 from msdist.cluster import device, distributed, heartbeat, job, runtime
 from msdist.cluster.cli import cli_main
 from msdist.cluster.errors import UserError, alike_on_every_rank
-from msdist.run import checkpoint, config, monitor, startup
+from msdist.run import checkpoint, config, monitor, recipe, startup
 
 
 PLAN_FLAG = "--plan"
@@ -75,7 +75,10 @@ def plan_main(argv) -> int:
     startup.run_checks(cfg, launch.world_size, startup.OPTION_CHECKS)
     probe = device.host_probe(os.environ, cfg.host_root)
     chosen = startup.decide_device(cfg, launch, probe)  # what training decides at start-up, refusals included
+    warnings = recipe.review(cfg, launch.world_size, chosen.target)
     lines = [f"{name}: {value}" for name, value in plan_fields(cfg, launch, probe, chosen)]
+    if launch.rank == 0:  # job-wide, so said once, as rank 0 says it at start-up
+        lines += [f"warning: {warning}" for warning in warnings]
     print("\n".join(f"[rank {launch.rank}] {line}" for line in lines), flush=True)
     return 0
 

@@ -16,6 +16,7 @@ export, in-process benchmarks: steps 4-5 for one process) and `prepare_tool` (`m
 and pipeline benchmarks, which use MindSpore's dataset engine without a context: step 4 only).
 """
 import argparse
+import logging
 import os
 from dataclasses import dataclass
 from typing import Callable, Sequence, Tuple
@@ -24,7 +25,9 @@ from msdist.cluster import device, distributed, job, runtime
 from msdist.cluster.errors import ConfigError, alike_on_every_rank
 from msdist.data import pipeline, plan
 from msdist.engine import precision
-from msdist.run import config
+from msdist.run import config, recipe
+
+_logger = logging.getLogger(__name__)
 
 Check = Callable[[argparse.Namespace, int], None]  # (config, world size) -> raises a UserError
 
@@ -41,6 +44,7 @@ class Started:
     launch: job.LaunchEnv
     rt: runtime.RuntimeInfo
     device: device.DevicePlan   # from the host's files; distributed.init confirms a GPU with MindSpore
+    warnings: Tuple[str, ...] = ()  # the recipe review's (`recipe.review`), logged by rank 0 once logging is up
 
 
 def check_model(cfg, world_size: int) -> None:
@@ -129,8 +133,11 @@ def decide_device(cfg, launch: job.LaunchEnv, probe: device.GpuProbe) -> device.
 
 
 def start(argv=None, *, options: Sequence[config.Option] = config.TRAIN_OPTIONS, prog: str = "msdist.train",
-          checks: Sequence[Check] = TRAIN_CHECKS, compile_cache: bool = False) -> Started:
+          checks: Sequence[Check] = TRAIN_CHECKS, compile_cache: bool = False, review_recipe: bool = False) -> Started:
     """Steps 1-4: parse, check without MindSpore, set the runtime environment. MindSpore is not loaded yet.
+
+    Args:
+        review_recipe: training: refuse a recipe the device cannot run and keep its warnings (`recipe.review`).
 
     A process that msrun started as MindSpore's scheduler (MS_ROLE=MS_SCHED) serves as the scheduler
     here and exits with the job.
@@ -145,11 +152,12 @@ def start(argv=None, *, options: Sequence[config.Option] = config.TRAIN_OPTIONS,
         cfg = config.parse(argv, options, prog=prog)
     run_checks(cfg, launch.world_size, checks)
     chosen = decide_device(cfg, launch, device.host_probe(os.environ))
+    warnings = tuple(recipe.review(cfg, launch.world_size, chosen.target)) if review_recipe else ()
     rt = runtime.prepare(cfg.verbose, cfg.cpu_isa, launch.local_world_size, local_rank=launch.local_rank,
                          rank=launch.rank, bind_cores=cfg.bind_cores,
                          compile_cache=compile_cache_path(cfg, launch.world_size, chosen.target) if compile_cache else "",
                          device_target=chosen.target)
-    return Started(cfg, launch, rt, chosen)
+    return Started(cfg, launch, rt, chosen, warnings)
 
 
 def join(started: Started, log_dir: str, log_name: str = "rank") -> Tuple[distributed.DistInfo,
@@ -165,6 +173,8 @@ def join(started: Started, log_dir: str, log_name: str = "rank") -> Tuple[distri
     dist = distributed.init(started.launch, started.device.target, log_dir, cfg.deterministic)
     runtime.configure_mindspore(started.rt)
     monitor.setup_logging(log_dir, dist.rank, console=dist.is_main, name=log_name)
+    for warning in started.warnings:  # the console is rank 0's only: one line per warning for the job
+        _logger.warning(warning)
     return dist, distributed.Collectives(dist.world_size)
 
 

@@ -1,0 +1,84 @@
+"""Is this training recipe right for the device and world size it runs on? MindSpore-free.
+
+One review, shared by the start-up of `msdist.train` (its warnings logged once, by rank 0) and by
+`python -m msdist.check --plan` (printed before the job starts), so the two never disagree:
+
+* refused (`check_amp_dtype`): bfloat16 on GPU. MindSpore 2.10's GPU Conv2D registers float32 and
+  float16 kernels only (plugin/device/gpu/kernel/nn/convolution/conv2d_forward_gpu_kernel.cc:23-30,
+  `Conv2dFwdGpuKernelMod::GetFuncList`), so an O2/O3 bfloat16 ResNet would fail at kernel selection
+  after minutes of compiling;
+* warned (`recipe_warnings`): a recipe that runs but trains badly. BatchNorm normalizes over each
+  rank's own images unless `sync_bn` is on, and under 16 images its batch statistics are noise (the
+  seed's 32 images over 8 GPUs leave 4); a fixed loss scale other than 1 where float16 carries
+  gradients stops the run at its first overflow, which a dynamic scale skips instead.
+"""
+from typing import List, Union
+
+from msdist.cluster.errors import ConfigError
+from msdist.engine import precision
+
+# Below this many images per rank, per-rank BatchNorm statistics are too noisy to train well: the
+# smallest per-GPU batch that torchvision's and timm's ResNet recipes use without SyncBatchNorm.
+MIN_BN_BATCH = 16
+
+
+def check_amp_dtype(amp_level: str, amp_dtype: str, device_target: str) -> None:
+    """Refuse bfloat16 on GPU, where MindSpore has no bfloat16 convolution.
+
+    Args:
+        amp_level: the resolved amp level (O0 casts nothing, so any amp_dtype is harmless there).
+        amp_dtype: float16 or bfloat16.
+        device_target: the resolved device, CPU or GPU.
+
+    Raises:
+        ConfigError: bfloat16 at O2/O3 on GPU.
+    """
+    if device_target == "GPU" and amp_level != "O0" and amp_dtype == "bfloat16":
+        raise ConfigError(f"--amp_dtype bfloat16 with amp {amp_level} on GPU: MindSpore 2.10's GPU Conv2D has float32 "
+                          "and float16 kernels only; use --amp_dtype float16 (with --loss_scale auto)")
+
+
+def bn_batch(batch_size: int, world_size: int, grad_accum_steps: int) -> int:
+    """Images one rank's BatchNorm normalizes over: its share of the global batch, per micro-batch."""
+    return batch_size // world_size // grad_accum_steps
+
+
+def recipe_warnings(*, batch_size: int, world_size: int, grad_accum_steps: int, sync_bn: bool, amp_level: str,
+                    amp_dtype: str, loss_scale: Union[str, float], grad_compression: str) -> List[str]:
+    """One line per known weakness of this recipe on this device and world size, with numbers and the fix.
+
+    Args:
+        amp_level: the resolved amp level (`precision.resolve_amp_level`).
+        loss_scale: `--loss_scale` as parsed ("auto", "dynamic" or a number).
+    """
+    found = []
+    per_rank = bn_batch(batch_size, world_size, grad_accum_steps)
+    if world_size > 1 and not sync_bn and per_rank < MIN_BN_BATCH:
+        accum = f" / {grad_accum_steps} micro-batches" if grad_accum_steps > 1 else ""
+        found.append(f"BatchNorm sees {per_rank} images per rank (batch_size {batch_size} / {world_size} ranks{accum}), "
+                     f"under {MIN_BN_BATCH}: its statistics are noise; raise --batch_size to at least "
+                     f"{MIN_BN_BATCH * world_size * grad_accum_steps} or pass --sync_bn true")
+    plan = precision.loss_scale_plan(loss_scale, amp_level, amp_dtype, grad_compression)
+    float16_grads = precision.loss_scale_plan("auto", amp_level, amp_dtype, grad_compression).dynamic  # auto's rule
+    if float16_grads and not plan.dynamic and plan.initial != 1:
+        found.append(f"float16 gradients with the fixed loss scale {plan.initial:g}: the run stops at its first "
+                     "overflow; use --loss_scale auto (dynamic: an overflowing step is skipped and the scale halved)")
+    return found
+
+
+def review(cfg, world_size: int, device_target: str) -> List[str]:
+    """The recipe review of one run: refusals raised, warnings returned (the same at start-up and in --plan).
+
+    Args:
+        cfg: the training options.
+        world_size: ranks in the job.
+        device_target: the resolved device, CPU or GPU.
+
+    Raises:
+        ConfigError: `check_amp_dtype`.
+    """
+    amp_level = precision.resolve_amp_level(cfg.amp_level, device_target)
+    check_amp_dtype(amp_level, cfg.amp_dtype, device_target)
+    return recipe_warnings(batch_size=cfg.batch_size, world_size=world_size, grad_accum_steps=cfg.grad_accum_steps,
+                           sync_bn=cfg.sync_bn, amp_level=amp_level, amp_dtype=cfg.amp_dtype,
+                           loss_scale=cfg.loss_scale, grad_compression=cfg.grad_compression)
