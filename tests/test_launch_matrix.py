@@ -111,7 +111,7 @@ MPIRUN_NODE_1 = {"OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_RANK": "5", "OMPI
                  "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_NODE_RANK": "1", "OMPI_UNIVERSE_SIZE": "8",
                  "OMPI_MCA_ess_base_jobid": "1500184577", "OMPI_MCA_ess_base_vpid": "5",
                  "OMPI_MCA_orte_num_nodes": "2", "OMPI_MCA_orte_ess_num_procs": "8", "PMIX_RANK": "5",
-                 "PMIX_NAMESPACE": "1500184577", "PMIX_HOSTNAME": "node-1"}
+                 "PMIX_NAMESPACE": "1500184577", "PMIX_HOSTNAME": "node-1", "OMPI_COMMAND": "python"}
 
 
 def test_mpirun_two_nodes(gpu_node):
@@ -258,6 +258,7 @@ def mpijob_env(rank: int, workers: int, slots: int = 4) -> dict:
             "OMPI_COMM_WORLD_LOCAL_RANK": str(rank % slots), "OMPI_COMM_WORLD_LOCAL_SIZE": str(slots),
             "OMPI_COMM_WORLD_NODE_RANK": str(rank % slots), "OMPI_MCA_orte_num_nodes": str(workers),
             "OMPI_MCA_ess_base_jobid": "2113601537", "PMIX_NAMESPACE": "2113601537", "PMIX_RANK": str(rank),
+            "OMPI_COMMAND": "python",
             "OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile", "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
             "OMPI_MCA_orte_keep_fqdn_hostnames": "true", "OMPI_MCA_orte_set_default_slots": str(slots),
             "HOSTNAME": f"msdist-resnet50-worker-{pod}", "KUBERNETES_SERVICE_HOST": "10.96.0.1",
