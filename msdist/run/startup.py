@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Sequence, Tuple
 
-from msdist.cluster import device, distributed, job, runtime
+from msdist.cluster import device, distributed, job, local_exchange, runtime
 from msdist.cluster.errors import ConfigError, alike_on_every_rank
 from msdist.data import pipeline, plan
 from msdist.engine import precision
@@ -155,6 +155,7 @@ def start(argv=None, *, options: Sequence[config.Option] = config.TRAIN_OPTIONS,
     warnings = tuple(recipe.review(cfg, launch.world_size, chosen.target)) if review_recipe else ()
     rt = runtime.prepare(cfg.verbose, cfg.cpu_isa, launch.local_world_size, local_rank=launch.local_rank,
                          rank=launch.rank, bind_cores=cfg.bind_cores,
+                         exchange_key=local_exchange.job_key(launch.launcher, launch.job_id, os.environ),
                          compile_cache=compile_cache_path(cfg, launch.world_size, chosen.target) if compile_cache else "",
                          device_target=chosen.target)
     return Started(cfg, launch, rt, chosen, warnings)
