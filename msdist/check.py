@@ -96,6 +96,8 @@ def plan_fields(cfg, launch: job.LaunchEnv, probe: device.GpuProbe, chosen: devi
                   f"{'in the MindSpore wheel' if probe.plugin_loaded else 'absent'}"
     yield "device", f"{target} ({chosen.why})"
     yield "device id", f"{'-' if chosen.device_id is None else chosen.device_id}, set by {chosen.call()}"
+    if target == "GPU":
+        yield "gpu per rank", device.gpu_sharing(launch.launcher, launch.local_world_size, probe, os.environ)
     yield "backend", _backend(launch, target)
     yield "sets", " ".join(f"{k}={v}" for k, v in sets.items()) or "nothing"
     yield "clears", " ".join(clears) or "nothing"

@@ -15,12 +15,13 @@ DeviceManagerConf.set_device); `set_context(device_id=...)` only writes the old 
 init then gives each rank the device of its own local rank, which fails with "SetDevice for id:N"
 where each rank sees one GPU.
 """
+import ctypes
 import importlib.util
 import os
 import re
 import socket
 from dataclasses import dataclass
-from typing import List, Mapping, Optional
+from typing import List, Mapping, Optional, Sequence
 
 from msdist.cluster.errors import ConfigError
 
@@ -37,6 +38,7 @@ class GpuProbe:
     visible_devices: int   # GPUs this process may use
     nvidia_present: bool   # NVIDIA hardware or driver on the host (/dev/nvidia0, /proc/driver/nvidia)
     load_error: str = ""   # why the plugin is missing or failed to load
+    host_devices: int = 0  # NVIDIA device nodes on the host (a pod: its own GPUs), whatever CUDA_VISIBLE_DEVICES says
 
 
 @dataclass(frozen=True)
@@ -103,8 +105,9 @@ def host_probe(env: Mapping[str, str], root: str = "/") -> GpuProbe:
     """
     present = nvidia_present(root)
     plugin = gpu_plugin_in_wheel()
-    visible = visible_gpu_count(env, host_gpu_count(root)) if present else 0  # no driver: CUDA sees nothing
-    return GpuProbe(bool(plugin), visible, present, "" if plugin else "this MindSpore wheel has no GPU plugin")
+    host = host_gpu_count(root)
+    visible = visible_gpu_count(env, host) if present else 0  # no driver: CUDA sees nothing
+    return GpuProbe(bool(plugin), visible, present, "" if plugin else "this MindSpore wheel has no GPU plugin", host)
 
 
 def gpu_load_error(load_plugin_error: str) -> str:
@@ -190,3 +193,79 @@ def gpu_preflight(probe: GpuProbe, local_rank: int, env: Mapping[str, str]) -> L
         if not ifname.startswith("^") and not any(p.startswith(w) for w in wanted for p in present):
             problems.append(f"NCCL_SOCKET_IFNAME={ifname} matches no interface here ({', '.join(sorted(present))})")
     return problems
+
+
+# ---------------------------------------------------------------- one GPU per rank
+
+_DUPLICATE_GPU_FIX = "NCCL stops in init() with \"Duplicate GPU detected\"; give each rank its own GPU"
+
+
+def gpu_sharing(launcher: str, local_world_size: int, probe: GpuProbe, env: Mapping[str, str]) -> str:
+    """Whether the GPU ranks of this host each get their own GPU, as far as the launcher's variables and the
+    host's device nodes settle it before MindSpore loads; one line for `msdist.check --plan`.
+
+    A rank that sees exactly one GPU uses it as device 0 (`gpu_device_id`), so from inside one rank
+    `CUDA_VISIBLE_DEVICES=0` exported to every rank looks like `srun --gpus-per-task=1`; what tells them
+    apart are the GPUs' bus ids, compared at start-up (`shared_gpu`). Settled here: one rank on the
+    host; several visible GPUs (device = local rank, distinct); more local ranks than the host's GPUs
+    (`mpirun -n 2` on a one-GPU host, an MPIJob with 4 slots and 1 GPU per pod); srun's
+    --gpus-per-task (SLURM_GPUS_PER_TASK; Slurm binds each task to its own GPUs with it, --gpu-bind=per_task).
+
+    Args:
+        launcher: `LaunchEnv.launcher`.
+        probe: `host_probe` (host_devices counts /dev/nvidiaN: a pod's own GPUs in a container).
+
+    Raises:
+        ConfigError: more GPU ranks on this host than it has GPUs.
+    """
+    visible = probe.visible_devices
+    if local_world_size <= 1:
+        return "own GPU: one rank on this host"
+    if visible > 1:
+        return f"own GPU: device = local rank, each of the {local_world_size} local ranks a different one of " \
+               f"the {visible} visible GPUs"
+    mig = any(entry.strip().startswith("MIG-") for entry in env.get("CUDA_VISIBLE_DEVICES", "").split(","))
+    if not mig and 0 < probe.host_devices < local_world_size:  # MIG: several instances of one device node
+        raise ConfigError(f"{local_world_size} GPU ranks on this host but it has {probe.host_devices} GPU(s), so "
+                          f"ranks would share one: {_DUPLICATE_GPU_FIX} (start one rank per GPU: mpirun -n / "
+                          "slotsPerWorker / -n = GPUs per node) or pass --device_target CPU")
+    if launcher == "srun" and env.get("SLURM_GPUS_PER_TASK"):
+        return f"own GPU: srun --gpus-per-task={env['SLURM_GPUS_PER_TASK']} binds each task to its own GPU"
+    return ("unverified: each rank sees one GPU, its own under srun --gpus-per-task=1 or a per-rank "
+            "CUDA_VISIBLE_DEVICES, a shared one if the same CUDA_VISIBLE_DEVICES reaches every rank; start-up "
+            "compares the local ranks' GPU bus ids before init('nccl')")
+
+
+def shared_gpu(bus_ids: Sequence[str]) -> str:
+    """The refusal when two local ranks would use one GPU ("" when none does), from each local rank's GPU
+    PCI bus id (`cuda_bus_id`, gathered through `local_exchange`); an unknown id ("") is no evidence."""
+    ranks = {}
+    for local_rank, bus_id in enumerate(bus_ids):
+        if bus_id:
+            ranks.setdefault(bus_id.lower(), []).append(local_rank)
+    shared = [(bus_id, group) for bus_id, group in ranks.items() if len(group) > 1]
+    if not shared:
+        return ""
+    bus_id, group = shared[0]
+    return (f"local ranks {', '.join(map(str, group))} would all use the GPU at bus id {bus_id}: "
+            f"{_DUPLICATE_GPU_FIX} (do not export one CUDA_VISIBLE_DEVICES to every rank; srun --gpus-per-task=1, "
+            "or let each rank see all of the node's GPUs) or start fewer ranks per node")
+
+
+def cuda_bus_id(ordinal: int) -> str:
+    """PCI bus id of the GPU CUDA numbers `ordinal` in this process (after CUDA_VISIBLE_DEVICES), "" when unknown.
+
+    From the CUDA driver API (cuInit, cuDeviceGet, cuDeviceGetPCIBusId in libcuda.so.1, which MindSpore's GPU
+    plugin links too): MindSpore 2.10 reports device names and memory (hal.get_device_properties) but no
+    bus id or UUID. cuInit creates no context, so it costs no GPU memory.
+    """
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return ""
+    handle = ctypes.c_int()
+    text = ctypes.create_string_buffer(64)
+    if cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(handle), ordinal) or \
+            cuda.cuDeviceGetPCIBusId(text, len(text), handle):
+        return ""
+    return text.value.decode(errors="replace")

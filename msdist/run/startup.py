@@ -125,9 +125,11 @@ def decide_device(cfg, launch: job.LaunchEnv, probe: device.GpuProbe) -> device.
     """This rank's device, from the host's GPU facts; the device or the launch known to fail is one line.
 
     Raises:
-        ConfigError: `device.plan_device` or `job.check_launch` refuse.
+        ConfigError: `device.plan_device`, `device.gpu_sharing` or `job.check_launch` refuse.
     """
     chosen = device.plan_device(cfg.device_target, launch.local_rank, probe)
+    if chosen.target == "GPU":
+        device.gpu_sharing(launch.launcher, launch.local_world_size, probe, os.environ)
     job.check_launch(launch, os.environ, chosen.target)
     return chosen
 
