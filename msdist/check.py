@@ -92,8 +92,8 @@ def plan_fields(cfg, launch: job.LaunchEnv, probe: device.GpuProbe, chosen: devi
     yield "rank", f"{launch.rank} of {launch.world_size}, local rank {launch.local_rank} of " \
                   f"{launch.local_world_size}, node {socket.gethostname()} (one of {nodes})"
     yield "host", f"NVIDIA hardware {'yes' if probe.nvidia_present else 'no'}, {probe.visible_devices} GPU(s) visible " \
-                  f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}), GPU plugin " \
-                  f"{'in the MindSpore wheel' if probe.plugin_loaded else 'absent'}"
+                  f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
+    yield "gpu plugin", probe.plugin
     yield "device", f"{target} ({chosen.why})"
     yield "device id", f"{'-' if chosen.device_id is None else chosen.device_id}, set by {chosen.call()}"
     if target == "GPU":

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, base_env
+from conftest import REPO, base_env, fake_gpu_node
 from msdist.cluster import device
 from msdist.cluster.device import GpuProbe
 from msdist.cluster.errors import ConfigError
@@ -107,7 +107,9 @@ def test_host_probe_reads_dev_and_proc_under_a_root(tmp_path):
     probe = device.host_probe({}, str(tmp_path))
     assert (probe.nvidia_present, probe.visible_devices) == (True, 2)
     assert device.host_probe({"CUDA_VISIBLE_DEVICES": "1"}, str(tmp_path)).visible_devices == 1
-    assert device.gpu_plugin_in_wheel().rsplit("/", 1)[-1].startswith("libmindspore_gpu.so")
+    # the wheel ships GPU plugins, but this root has no CUDA libraries: by MindSpore's rules none loads
+    assert not probe.plugin_loaded and "libcudnn.so.8 (cuDNN 8)" in probe.load_error
+    assert probe.plugin.startswith("will not load: libmindspore_gpu.so.")
 
 
 def test_gpu_preflight_judges_the_device_id_training_uses():
@@ -203,14 +205,6 @@ def test_local_ranks_compare_their_gpus_before_nccl_init(bus_ids, refused):
     assert all(("would all use the GPU" in v) == refused for v in verdicts.values()), verdicts
 
 
-def _gpu_root(tmp_path, gpus):
-    root = tmp_path / f"node-{gpus}-gpus"
-    (root / "dev").mkdir(parents=True, exist_ok=True)
-    for index in range(gpus):
-        (root / "dev" / f"nvidia{index}").touch()
-    return str(root)
-
-
 def _ompi(rank, local_size, **extra):
     return {"OMPI_COMM_WORLD_SIZE": str(local_size), "OMPI_COMM_WORLD_RANK": str(rank),
             "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size),
@@ -234,7 +228,7 @@ def _plan(root, env):
     (1, {**_ompi(0, 1), "OMPI_COMM_WORLD_SIZE": "2"}, "own GPU: one rank on this host"),  # one-GPU pods, 1 slot each
 ])
 def test_plan_on_gpu_sharing_set_ups(tmp_path, gpus, env, answer):
-    proc = _plan(_gpu_root(tmp_path, gpus), env)
+    proc = _plan(fake_gpu_node(tmp_path / f"node-{gpus}-gpus", gpus), env)
     if answer == "refused":
         assert proc.returncode == 2 and not proc.stdout.strip(), proc.stdout + proc.stderr
         (line,) = proc.stderr.strip().splitlines()

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from conftest import MPI_ENV, REPO, base_env, mpirun
+from conftest import MPI_ENV, REPO, base_env, fake_gpu_node, mpirun
 
 PLAN_ARGS = ["--config", os.path.join(REPO, "configs", "tiny_test.yaml"), "--data_dir",
              os.path.join(REPO, "tests", "data", "fruits360-mini")]
@@ -29,14 +29,8 @@ _LINE = re.compile(r"^\[rank (\d+)\] ([a-z ]+): (.*)$")
 
 @pytest.fixture
 def gpu_node(tmp_path):
-    """/dev and /proc/driver as a node with 4 NVIDIA GPUs and its driver shows them."""
-    root = tmp_path / "gpu-node"
-    (root / "dev").mkdir(parents=True)
-    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm"):
-        (root / "dev" / name).touch()
-    (root / "proc" / "driver" / "nvidia").mkdir(parents=True)
-    (root / "proc" / "driver" / "nvidia" / "version").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module\n")
-    return str(root)
+    """/dev and /proc/driver as a node with 4 NVIDIA GPUs and its driver shows them, with CUDA 11 and cuDNN 8."""
+    return fake_gpu_node(tmp_path / "gpu-node", 4)
 
 
 def _clean_env(**extra) -> dict:

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import REAL_DATA, REPO, base_env
+from conftest import REAL_DATA, REPO, base_env, fake_gpu_node
 from msdist.cluster.errors import ConfigError
 from msdist.run import config, recipe
 
@@ -84,11 +84,7 @@ def _plan(*args, **env):
 
 
 def _gpu_host(tmp_path):
-    root = tmp_path / "gpu-node"
-    (root / "dev").mkdir(parents=True, exist_ok=True)
-    for index in range(8):
-        (root / "dev" / f"nvidia{index}").touch()
-    return str(root)
+    return fake_gpu_node(tmp_path / "gpu-node", 8)
 
 
 def test_plan_prints_the_start_up_warnings_on_rank_0_only(tmp_path):

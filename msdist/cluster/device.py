@@ -3,8 +3,9 @@
 Two views feed the same pure functions:
 
 * before MindSpore loads (`host_probe`: `msdist.check --plan`, the start-up of every entry point), the
-  host's files: NVIDIA's device nodes and driver (`/dev/nvidia*`, `/proc/driver/nvidia`), the GPU
-  plugin inside the installed MindSpore wheel, and `CUDA_VISIBLE_DEVICES`;
+  host's files: NVIDIA's device nodes and driver (`/dev/nvidia*`, `/proc/driver/nvidia`), whether the
+  installed wheel's GPU plugin would load by MindSpore's own rules (`gpu_plugin`), and
+  `CUDA_VISIBLE_DEVICES`;
 * once MindSpore is loaded (`distributed.probe_gpu`), MindSpore's own word: whether its GPU plugin
   loaded and how many devices CUDA shows it. A GPU chosen from the files is confirmed that way
   before anything is compiled.
@@ -21,8 +22,9 @@ import os
 import re
 import socket
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence, Tuple
 
+from msdist.cluster import gpu_plugin
 from msdist.cluster.errors import ConfigError
 
 # A CUDA_VISIBLE_DEVICES entry CUDA accepts: an index or a GPU/MIG UUID. CUDA ignores every entry from
@@ -39,6 +41,7 @@ class GpuProbe:
     nvidia_present: bool   # NVIDIA hardware or driver on the host (/dev/nvidia0, /proc/driver/nvidia)
     load_error: str = ""   # why the plugin is missing or failed to load
     host_devices: int = 0  # NVIDIA device nodes on the host (a pod: its own GPUs), whatever CUDA_VISIBLE_DEVICES says
+    plugin: str = ""       # from files: the plugin MindSpore would load and what stays unverified, or why none
 
 
 @dataclass(frozen=True)
@@ -70,17 +73,13 @@ def host_gpu_count(root: str = "/") -> int:
         return 0
 
 
-def gpu_plugin_in_wheel() -> str:
-    """Path of the GPU plugin the installed MindSpore wheel ships ("" when none), found without importing it."""
+def wheel_plugin_dir() -> str:
+    """The installed MindSpore wheel's plugin folder (lib/plugin, where its loader looks), found without importing
+    it; "" when MindSpore is not installed."""
     spec = importlib.util.find_spec("mindspore")
     if spec is None or spec.origin is None:
         return ""
-    plugin_dir = os.path.join(os.path.dirname(spec.origin), "lib", "plugin")
-    try:
-        names = sorted(n for n in os.listdir(plugin_dir) if n.startswith("libmindspore_gpu.so"))
-    except OSError:
-        return ""
-    return os.path.join(plugin_dir, names[-1]) if names else ""
+    return os.path.join(os.path.dirname(spec.origin), "lib", "plugin")
 
 
 def visible_gpu_count(env: Mapping[str, str], host_devices: int) -> int:
@@ -100,14 +99,14 @@ def host_probe(env: Mapping[str, str], root: str = "/") -> GpuProbe:
     """This host's GPUs as its files show them, before MindSpore loads.
 
     Args:
-        env: the environment (CUDA_VISIBLE_DEVICES).
-        root: where /dev and /proc are (`msdist.check --plan --host_root`); "/" is this host.
+        env: the environment (CUDA_VISIBLE_DEVICES; CUDA_HOME and LD_LIBRARY_PATH for the plugin).
+        root: where /dev, /proc and the CUDA libraries are (`msdist.check --plan --host_root`); "/" is this host.
     """
     present = nvidia_present(root)
-    plugin = gpu_plugin_in_wheel()
+    plugin = gpu_plugin.verdict(wheel_plugin_dir(), root, env)  # MindSpore's own loading rules, on files
     host = host_gpu_count(root)
     visible = visible_gpu_count(env, host) if present else 0  # no driver: CUDA sees nothing
-    return GpuProbe(bool(plugin), visible, present, "" if plugin else "this MindSpore wheel has no GPU plugin", host)
+    return GpuProbe(plugin.loads, visible, present, plugin.problem, host, plugin.describe())
 
 
 def gpu_load_error(load_plugin_error: str) -> str:
@@ -122,14 +121,19 @@ def gpu_device_id(visible_devices: int, local_rank: int) -> int:
     return 0 if visible_devices == 1 else local_rank
 
 
-def _unusable(probe: GpuProbe) -> str:
-    """Why this probe rules the GPU out ("" when a GPU is usable)."""
+_VISIBILITY_FIX = "give this process its GPUs (CUDA_VISIBLE_DEVICES, srun --gpus-per-task=1)"
+
+
+def _unusable(probe: GpuProbe) -> Tuple[str, str]:
+    """Why this probe rules the GPU out and what fixes it (("", "") when a GPU is usable)."""
     if not probe.plugin_loaded:
-        return f"MindSpore's GPU plugin did not load: {probe.load_error or 'this MindSpore build has no GPU plugin'}"
+        return (f"MindSpore's GPU plugin did not load: {probe.load_error or 'this MindSpore build has no GPU plugin'}",
+                "install what it names (CUDA 11 with cuDNN 8, their folder on LD_LIBRARY_PATH) or a MindSpore GPU "
+                "build for this host's CUDA")
     if probe.visible_devices == 0:
-        return "no GPU is visible to this process (an empty or invalid CUDA_VISIBLE_DEVICES, or a job step " \
-               "without GPUs)"
-    return ""
+        return ("no GPU is visible to this process (an empty or invalid CUDA_VISIBLE_DEVICES, or a job step "
+                "without GPUs)", _VISIBILITY_FIX)
+    return "", ""
 
 
 def plan_device(requested: str, local_rank: int, probe: GpuProbe) -> DevicePlan:
@@ -148,13 +152,12 @@ def plan_device(requested: str, local_rank: int, probe: GpuProbe) -> DevicePlan:
     """
     if requested == "CPU":
         return DevicePlan(requested, "CPU", "--device_target CPU")
-    problem = _unusable(probe)
+    problem, fix = _unusable(probe)
     if problem and requested == "GPU":
-        raise ConfigError(f"--device_target GPU but {problem}; fix the GPU set-up or pass --device_target CPU")
+        raise ConfigError(f"--device_target GPU but {problem}; {fix}, or pass --device_target CPU")
     if problem and probe.nvidia_present:
-        raise ConfigError(f"--device_target auto on a host with NVIDIA hardware, but {problem}; give this process "
-                          "its GPUs (CUDA_VISIBLE_DEVICES, srun --gpus-per-task=1) or pass --device_target CPU to "
-                          "train on CPU deliberately")
+        raise ConfigError(f"--device_target auto on a host with NVIDIA hardware, but {problem}; {fix}, or pass "
+                          "--device_target CPU to train on CPU deliberately")
     if problem:
         return DevicePlan(requested, "CPU", "auto: no NVIDIA hardware on this host")
     device_id = gpu_device_id(probe.visible_devices, local_rank)

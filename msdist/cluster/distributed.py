@@ -59,8 +59,9 @@ def probe_gpu() -> device.GpuProbe:
     if loaded:
         from mindspore._c_expression import gpu_get_device_count  # only in GPU builds
         visible = int(gpu_get_device_count())  # CUDA applies CUDA_VISIBLE_DEVICES itself
-    return device.GpuProbe(loaded, visible, device.nvidia_present(), device.gpu_load_error(context.load_plugin_error()),
-                           device.host_gpu_count())
+    error = device.gpu_load_error(context.load_plugin_error())
+    return device.GpuProbe(loaded, visible, device.nvidia_present(), error, device.host_gpu_count(),
+                           "loaded by MindSpore" if loaded else f"not loaded: {error}")
 
 
 class _ClusterBridge:
