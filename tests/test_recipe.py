@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import REAL_DATA, REPO, base_env, fake_gpu_node
+from conftest import REAL_DATA, REPO, base_env, fake_gpu_node, run_msdist, tiny_args
 from msdist.cluster.errors import ConfigError
 from msdist.run import config, recipe
 
@@ -105,3 +105,16 @@ def test_plan_refuses_bfloat16_on_gpu_in_one_line(tmp_path):
     assert proc.returncode == 2 and not proc.stdout.strip()
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("msdist: error: --amp_dtype bfloat16 with amp O2 on GPU"), line
+
+
+@pytest.mark.multiprocess
+def test_training_warns_once_from_rank_0(tmp_path):
+    """A real 2-rank mpirun: configs/tiny_test.yaml's 16 images leave BatchNorm 8 per rank; the warning is one
+    line of the job's console (rank 0's), with the numbers and the fix, and it is in every rank's log."""
+    proc = run_msdist("train", tiny_args(REAL_DATA, tmp_path, "--max_steps", 1), ranks=2,
+                      timeout=600)
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "BatchNorm sees" in line]
+    assert lines == ["warning: BatchNorm sees 8 images per rank (batch_size 16 / 2 ranks), under 16: its statistics "
+                     "are noise; raise --batch_size to at least 32 or pass --sync_bn true"], lines
+    for rank in (0, 1):
+        assert "BatchNorm sees 8 images per rank" in (tmp_path / "logs" / f"rank_{rank}.log").read_text()

@@ -177,7 +177,7 @@ def join(started: Started, log_dir: str, log_name: str = "rank") -> Tuple[distri
     runtime.configure_mindspore(started.rt)
     monitor.setup_logging(log_dir, dist.rank, console=dist.is_main, name=log_name)
     for warning in started.warnings:  # the console is rank 0's only: one line per warning for the job
-        _logger.warning(warning)
+        _logger.warning("warning: %s", warning)
     return dist, distributed.Collectives(dist.world_size)
 
 
