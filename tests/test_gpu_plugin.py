@@ -74,7 +74,7 @@ def test_the_missing_piece_is_named(tmp_path, name, piece):
     _remove(root, name)
     result = _verdict(root)
     assert not result.loads and result.problem == f"{NEWEST} needs {piece}, found in none of its RPATH, " \
-                                                  "LD_LIBRARY_PATH, ld.so.conf or default library folders"
+                                                  "LD_LIBRARY_PATH, ld.so.cache, ld.so.conf or default library folders"
 
 
 def _move_cuda(root, folder):
@@ -97,6 +97,11 @@ def test_libraries_are_found_where_the_dynamic_linker_looks(tmp_path):
     with open(os.path.join(conf, "cuda.conf"), "w", encoding="utf-8") as f:
         f.write("# written by the CUDA installer\n/opt/cudnn/lib\n")
     assert _verdict(root).loads                                           # ldconfig's folders
+    os.remove(os.path.join(conf, "cuda.conf"))
+    cached = os.listdir(os.path.join(root, "opt", "cudnn", "lib"))
+    with open(os.path.join(root, "etc", "ld.so.cache"), "wb") as f:     # ldconfig's cache: full paths, NUL-ended
+        f.write(b"glibc-ld.so.cache1.1" + b"".join(f"/opt/cudnn/lib/{n}".encode() + bytes(1) for n in cached))
+    assert _verdict(root).loads
 
 
 def _nvcc(root, release):

@@ -17,8 +17,8 @@ libmindspore_hardware_abstract.so, from mindspore/ccsrc/runtime/hardware/device_
   (`readelf -d lib/plugin/libmindspore_gpu.so.11.6`); the NCCL backend's libnvidia_collective.so
   (lib/plugin/gpu11.x) needs NCCL 2 (libnccl.so.2).
 
-Here the libraries are looked up where the dynamic linker looks (the plugin's RPATH,
-LD_LIBRARY_PATH, ld.so.conf's folders, the default folders) under a host root, so a copy of a GPU
+Here the libraries are looked up where the dynamic linker looks (the plugin's RPATH and the Python
+executable's, LD_LIBRARY_PATH, /etc/ld.so.cache, ld.so.conf's folders, the default folders) under a host root, so a copy of a GPU
 node's files can be judged from elsewhere (`--host_root`). What files cannot show (a library of the
 wrong build, a driver too old for the runtime) stays "unverified" until MindSpore loads the plugin.
 """
@@ -27,6 +27,7 @@ import os
 import re
 import struct
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import List, Mapping, Optional, Sequence, Tuple
 
@@ -113,8 +114,8 @@ def candidates(files: Sequence[str], cuda_home: str, nvcc_release: Optional[Tupl
     return [chosen], ""
 
 
-def elf_dynamic(path: str) -> Tuple[List[str], List[str]]:
-    """(DT_NEEDED names, DT_RPATH/DT_RUNPATH folders) of a 64-bit little-endian ELF shared library."""
+def elf_dynamic(path: str, tags: Tuple[int, ...] = (_DT_RPATH, _DT_RUNPATH)) -> Tuple[List[str], List[str]]:
+    """(DT_NEEDED names, the folders of its `tags` entries: RPATH and RUNPATH) of a 64-bit little-endian ELF file."""
     with open(path, "rb") as f:
         data = f.read(64)
         shoff, = struct.unpack_from("<Q", data, 0x28)
@@ -132,7 +133,7 @@ def elf_dynamic(path: str) -> Tuple[List[str], List[str]]:
     def text(offset):
         return strings[offset:strings.index(b"\0", offset)].decode()
     needed = [text(v) for tag, v in entries if tag == _DT_NEEDED]
-    paths = [p for tag, v in entries if tag in (_DT_RPATH, _DT_RUNPATH) for p in text(v).split(":") if p]
+    paths = [p for tag, v in entries if tag in tags for p in text(v).split(":") if p]
     return needed, paths
 
 
@@ -153,16 +154,39 @@ def _ld_conf_dirs(root: str) -> List[str]:
     return found
 
 
-def search_dirs(rpath: Sequence[str], origin: str, root: str, env: Mapping[str, str]) -> List[str]:
-    """Where the dynamic linker looks for a library's dependencies, in its order, under `root`.
+def _executable_rpath() -> List[str]:
+    """This Python's own DT_RPATH folders (a conda Python's $ORIGIN/../lib), which glibc searches for the
+    dependencies of every library it loads (a DT_RUNPATH would serve the executable's own only)."""
+    executable = os.path.realpath(sys.executable)
+    try:
+        _, rpath = elf_dynamic(executable, (_DT_RPATH,))
+    except (OSError, ValueError, StopIteration, struct.error):
+        return []
+    return [p.replace("$ORIGIN", os.path.dirname(executable)) for p in rpath]
 
-    $ORIGIN folders are the wheel's (this machine's); the others are the host's, read under `root`.
+
+def search_dirs(rpath: Sequence[str], origin: str, root: str, env: Mapping[str, str]) -> List[str]:
+    """Where the dynamic linker looks for a library's dependencies, in its order, under `root` (the cache aside).
+
+    $ORIGIN folders are the wheel's (this machine's); the others are the host's, read under `root`. On this
+    host (root "/") the running Python's RPATH counts too.
     """
     def on_host(folder):
         return os.path.join(root, folder.lstrip("/"))
     dirs = [p.replace("$ORIGIN", origin) if "$ORIGIN" in p else on_host(p) for p in rpath]
+    dirs += _executable_rpath() if os.path.realpath(root) == "/" else []
     dirs += [on_host(p) for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
     return dirs + [on_host(p) for p in _ld_conf_dirs(root) + list(_DEFAULT_DIRS)]
+
+
+def _in_ld_cache(name: str, root: str) -> bool:
+    """Whether /etc/ld.so.cache (ldconfig's, which the linker consults before the default folders) lists `name`:
+    its string table holds each cached library's full path, so "/<name>" followed by NUL appears."""
+    try:
+        with open(os.path.join(root, "etc", "ld.so.cache"), "rb") as f:
+            return b"/" + name.encode() + b"\0" in f.read()
+    except OSError:
+        return False
 
 
 def is_cuda_stack(name: str) -> bool:
@@ -174,7 +198,7 @@ def missing_libraries(library: str, root: str, env: Mapping[str, str]) -> List[s
     """The CUDA-stack libraries `library` needs that the dynamic linker would not find under `root`."""
     needed, rpath = elf_dynamic(library)
     dirs = search_dirs(rpath, os.path.dirname(library), root, env)
-    return [name for name in needed if is_cuda_stack(name) and
+    return [name for name in needed if is_cuda_stack(name) and not _in_ld_cache(name, root) and
             not any(os.path.exists(os.path.join(d, name)) for d in dirs)]
 
 
@@ -220,4 +244,5 @@ def verdict(plugin_dir: str, root: str, env: Mapping[str, str]) -> PluginVerdict
         first_missing = first_missing or [(plugin, missing)]
     plugin, missing = first_missing[0]
     return PluginVerdict(False, problem=f"{os.path.basename(plugin)} needs {', '.join(map(label, missing))}, found "
-                                        "in none of its RPATH, LD_LIBRARY_PATH, ld.so.conf or default library folders")
+                                        "in none of its RPATH, LD_LIBRARY_PATH, ld.so.cache, ld.so.conf or default "
+                                        "library folders")
