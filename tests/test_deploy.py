@@ -257,7 +257,8 @@ def gpu_script_commands():
 
 def test_every_script_names_the_gpu_recipe_for_a_gpu_host():
     names = {path for path, _ in gpu_script_commands()}
-    assert names == {os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "scripts", "run_distribute_train*.sh"))}
+    scripts = glob.glob(os.path.join(REPO, "scripts", "run_distribute_train*.sh"))
+    assert names == {os.path.relpath(p, REPO) for p in scripts}
 
 
 @pytest.mark.parametrize("nodes", [1, 2], ids=["8 GPUs on 1 node", "8 GPUs on 2 nodes"])

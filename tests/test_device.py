@@ -147,8 +147,9 @@ SLURM_PER_TASK = {"SLURM_GPUS_PER_TASK": "1"}
 ])
 def test_gpu_sharing_before_mindspore_loads(launcher, local_world, probe, env, verdict):
     if verdict == "refused":
-        with pytest.raises(ConfigError, match=rf"^{local_world} GPU ranks on this host but it has 1 GPU\(s\), so ranks "
-                                              r"would share one: NCCL stops in init\(\) with \"Duplicate GPU detected\""):
+        refusal = rf"^{local_world} GPU ranks on this host but it has 1 GPU\(s\), so ranks would share one: NCCL " \
+                  r"stops in init\(\) with \"Duplicate GPU detected\""
+        with pytest.raises(ConfigError, match=refusal):
             device.gpu_sharing(launcher, local_world, probe, env)
         return
     line = device.gpu_sharing(launcher, local_world, probe, env)

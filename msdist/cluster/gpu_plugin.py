@@ -1,8 +1,10 @@
 """Would MindSpore's GPU plugin load on this host? MindSpore 2.10's own rules, applied to files. MindSpore-free.
 
 `msdist.check --plan` (and every start-up, before MindSpore loads) used to call a GPU usable when the
-wheel shipped a plugin file. MindSpore loads one only under these rules (the loader is C++ in
-libmindspore_hardware_abstract.so, from mindspore/ccsrc/runtime/hardware/device_context_manager.cc):
+wheel shipped a plugin file. MindSpore loads one only under these rules (the loader is C++ in the 2.10
+wheel's lib/libmindspore_hardware_abstract.so, built from mindspore-ai/mindspore
+mindspore/ccsrc/runtime/hardware/device_context_manager.cc, read at commit 017aef80; the wheel's
+library carries the same messages, e.g. "can not find nvcc file", "can not find suitable gpu plugin"):
 
 * `DeviceContextManager::LoadPlugin` groups lib/plugin/libmindspore_*.so.* by name. For the GPU
   plugin with CUDA_HOME set and more than one version shipped it calls `SelectGpuPlugin`; otherwise it
@@ -18,9 +20,10 @@ libmindspore_hardware_abstract.so, from mindspore/ccsrc/runtime/hardware/device_
   (lib/plugin/gpu11.x) needs NCCL 2 (libnccl.so.2).
 
 Here the libraries are looked up where the dynamic linker looks (the plugin's RPATH and the Python
-executable's, LD_LIBRARY_PATH, /etc/ld.so.cache, ld.so.conf's folders, the default folders) under a host root, so a copy of a GPU
-node's files can be judged from elsewhere (`--host_root`). What files cannot show (a library of the
-wrong build, a driver too old for the runtime) stays "unverified" until MindSpore loads the plugin.
+executable's, LD_LIBRARY_PATH, /etc/ld.so.cache, ld.so.conf's folders, the default folders) under a
+host root, so a copy of a GPU node's files can be judged from elsewhere (`--host_root`). What files
+cannot show (a library of the wrong build, a driver too old for the runtime) stays "unverified" until
+MindSpore loads the plugin.
 """
 import glob
 import os

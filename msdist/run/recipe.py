@@ -55,9 +55,9 @@ def recipe_warnings(*, batch_size: int, world_size: int, grad_accum_steps: int, 
     per_rank = bn_batch(batch_size, world_size, grad_accum_steps)
     if world_size > 1 and not sync_bn and per_rank < MIN_BN_BATCH:
         accum = f" / {grad_accum_steps} micro-batches" if grad_accum_steps > 1 else ""
-        found.append(f"BatchNorm sees {per_rank} images per rank (batch_size {batch_size} / {world_size} ranks{accum}), "
-                     f"under {MIN_BN_BATCH}: its statistics are noise; raise --batch_size to at least "
-                     f"{MIN_BN_BATCH * world_size * grad_accum_steps} or pass --sync_bn true")
+        found.append(f"BatchNorm sees {per_rank} images per rank (batch_size {batch_size} / {world_size} "
+                     f"ranks{accum}), under {MIN_BN_BATCH}: its statistics are noise; raise --batch_size to at "
+                     f"least {MIN_BN_BATCH * world_size * grad_accum_steps} or pass --sync_bn true")
     plan = precision.loss_scale_plan(loss_scale, amp_level, amp_dtype, grad_compression)
     float16_grads = precision.loss_scale_plan("auto", amp_level, amp_dtype, grad_compression).dynamic  # auto's rule
     if float16_grads and not plan.dynamic and plan.initial != 1:
