@@ -184,6 +184,9 @@ def test_sbatch_runs_the_plan_first_under_each_launcher(tmp_path):
     assert "msdist.check --plan" in srun[0] and "msdist.train" in srun[1]
     (per_node,) = _run_sbatch(tmp_path, LAUNCHER="msdist")
     assert re.search(r"python -m msdist\.launch .* --plan .* && python -m msdist\.launch .* --max_restarts", per_node)
+    # GPU modes train the GPU recipe, DEVICE=CPU the CPU one (the srun'd shell of LAUNCHER=msdist expands ${CONFIG})
+    assert all("--config configs/resnet50_fruits360_gpu.yaml " in line for line in gpu + srun)
+    assert all("--config configs/resnet50_fruits360.yaml " in line for line in cpu)
 
 
 def test_dockerfile_installs_openmpi_and_msdist_from_paths_that_exist():

@@ -3,10 +3,10 @@
 One review, shared by the start-up of `msdist.train` (its warnings logged once, by rank 0) and by
 `python -m msdist.check --plan` (printed before the job starts), so the two never disagree:
 
-* refused (`check_amp_dtype`): bfloat16 on GPU. MindSpore 2.10's GPU Conv2D registers float32 and
-  float16 kernels only (plugin/device/gpu/kernel/nn/convolution/conv2d_forward_gpu_kernel.cc:23-30,
-  `Conv2dFwdGpuKernelMod::GetFuncList`), so an O2/O3 bfloat16 ResNet would fail at kernel selection
-  after minutes of compiling;
+* refused (`check_amp_dtype`): bfloat16 on GPU. MindSpore's GPU Conv2D registers float32 and float16
+  kernels only (mindspore-ai/mindspore plugin/device/gpu/kernel/nn/convolution/conv2d_forward_gpu_kernel.cc
+  lines 23-30, `Conv2dFwdGpuKernelMod::GetFuncList`, commit 384f67e7), so an O2/O3 bfloat16 ResNet fails
+  at kernel selection, after the ranks have started and compiled;
 * warned (`recipe_warnings`): a recipe that runs but trains badly. BatchNorm normalizes over each
   rank's own images unless `sync_bn` is on, and under 16 images its batch statistics are noise (the
   seed's 32 images over 8 GPUs leave 4); a fixed loss scale other than 1 where float16 carries
