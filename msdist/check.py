@@ -93,7 +93,8 @@ def plan_fields(cfg, launch: job.LaunchEnv, probe: device.GpuProbe, chosen: devi
                   f"{launch.local_world_size}, node {socket.gethostname()} (one of {nodes})"
     yield "host", f"NVIDIA hardware {'yes' if probe.nvidia_present else 'no'}, {probe.visible_devices} GPU(s) visible " \
                   f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
-    yield "gpu plugin", probe.plugin
+    if probe.nvidia_present:  # on a host without NVIDIA hardware the plugin's libraries are beside the point
+        yield "gpu plugin", probe.plugin
     yield "device", f"{target} ({chosen.why})"
     yield "device id", f"{'-' if chosen.device_id is None else chosen.device_id}, set by {chosen.call()}"
     if target == "GPU":
