@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from conftest import REAL_DATA, REPO, base_env, fake_gpu_node, run_msdist, tiny_args
-from msdist.cluster.errors import ConfigError
+from msdist.base.errors import ConfigError
 from msdist.run import config, recipe
 
 SEED_CONFIG = os.path.join(REPO, "configs", "resnet50_fruits360.yaml")

@@ -24,8 +24,8 @@ import socket
 from dataclasses import dataclass
 from typing import List, Mapping, Optional, Sequence, Tuple
 
+from msdist.base.errors import ConfigError
 from msdist.cluster import gpu_plugin
-from msdist.cluster.errors import ConfigError
 
 # A CUDA_VISIBLE_DEVICES entry CUDA accepts: an index or a GPU/MIG UUID. CUDA ignores every entry from
 # the first invalid one on (Slurm writes "NoDevFiles" for a step without GPUs).

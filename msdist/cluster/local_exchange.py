@@ -21,7 +21,7 @@ import tempfile
 import time
 from typing import List, Mapping, Optional
 
-from msdist.cluster.files import atomic_write_text
+from msdist.base.files import atomic_write_text
 
 # Ranks reach these points within seconds of each other (they start together); a rank that does not
 # arrive in this time is stuck or dead, and the caller falls back to what it knows alone.

@@ -14,7 +14,7 @@ One review, shared by the start-up of `msdist.train` (its warnings logged once, 
 """
 from typing import List, Union
 
-from msdist.cluster.errors import ConfigError
+from msdist.base.errors import ConfigError
 from msdist.engine import precision
 
 # Below this many images per rank, per-rank BatchNorm statistics are too noisy to train well: the
