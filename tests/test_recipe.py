@@ -7,16 +7,18 @@ import pytest
 
 from conftest import REAL_DATA, REPO, base_env, fake_gpu_node, run_msdist, tiny_args
 from msdist.base.errors import ConfigError
-from msdist.run import config, recipe
+from msdist.engine import precision
+from msdist.run import config, options, recipe
 
 SEED_CONFIG = os.path.join(REPO, "configs", "resnet50_fruits360.yaml")
 
 
 def _warnings(batch_size=1024, world_size=8, grad_accum_steps=1, sync_bn=False, amp_level="O2", amp_dtype="float16",
               loss_scale="auto", grad_compression="none"):
-    return recipe.recipe_warnings(batch_size=batch_size, world_size=world_size, grad_accum_steps=grad_accum_steps,
-                                  sync_bn=sync_bn, amp_level=amp_level, amp_dtype=amp_dtype, loss_scale=loss_scale,
-                                  grad_compression=grad_compression)
+    scale = precision.loss_scale_plan(loss_scale, amp_level, amp_dtype, grad_compression)
+    plan = options.StepPlan(amp_level, amp_dtype, scale, grad_compression, 0.01, 1e-3, True, (), grad_accum_steps,
+                            batch_size // world_size // grad_accum_steps)
+    return recipe.recipe_warnings(plan, batch_size=batch_size, world_size=world_size, sync_bn=sync_bn)
 
 
 @pytest.mark.parametrize("case, warned", [

@@ -16,6 +16,7 @@ from typing import List, Union
 
 from msdist.base.errors import ConfigError
 from msdist.engine import precision
+from msdist.run import options
 
 # Below this many images per rank, per-rank BatchNorm statistics are too noisy to train well: the
 # smallest per-GPU batch that torchvision's and timm's ResNet recipes use without SyncBatchNorm.
@@ -38,31 +39,25 @@ def check_amp_dtype(amp_level: str, amp_dtype: str, device_target: str) -> None:
                           "and float16 kernels only; use --amp_dtype float16 (with --loss_scale auto)")
 
 
-def bn_batch(batch_size: int, world_size: int, grad_accum_steps: int) -> int:
-    """Images one rank's BatchNorm normalizes over: its share of the global batch, per micro-batch."""
-    return batch_size // world_size // grad_accum_steps
-
-
-def recipe_warnings(*, batch_size: int, world_size: int, grad_accum_steps: int, sync_bn: bool, amp_level: str,
-                    amp_dtype: str, loss_scale: Union[str, float], grad_compression: str) -> List[str]:
+def recipe_warnings(plan: options.StepPlan, *, batch_size: int, world_size: int, sync_bn: bool) -> List[str]:
     """One line per known weakness of this recipe on this device and world size, with numbers and the fix.
 
     Args:
-        amp_level: the resolved amp level (`precision.resolve_amp_level`).
-        loss_scale: `--loss_scale` as parsed ("auto", "dynamic" or a number).
+        plan: the train step's plan (`options.step_plan`): its micro-batch is what each rank's BatchNorm
+            normalizes over, its loss scale the resolved one.
     """
     found = []
-    per_rank = bn_batch(batch_size, world_size, grad_accum_steps)
-    if world_size > 1 and not sync_bn and per_rank < MIN_BN_BATCH:
-        accum = f" / {grad_accum_steps} micro-batches" if grad_accum_steps > 1 else ""
-        found.append(f"BatchNorm sees {per_rank} images per rank (batch_size {batch_size} / {world_size} "
+    if world_size > 1 and not sync_bn and plan.micro_batch < MIN_BN_BATCH:
+        accum = f" / {plan.accum_steps} micro-batches" if plan.accum_steps > 1 else ""
+        found.append(f"BatchNorm sees {plan.micro_batch} images per rank (batch_size {batch_size} / {world_size} "
                      f"ranks{accum}), under {MIN_BN_BATCH}: its statistics are noise; raise --batch_size to at "
-                     f"least {MIN_BN_BATCH * world_size * grad_accum_steps} or pass --sync_bn true")
-    plan = precision.loss_scale_plan(loss_scale, amp_level, amp_dtype, grad_compression)
-    float16_grads = precision.loss_scale_plan("auto", amp_level, amp_dtype, grad_compression).dynamic  # auto's rule
-    if float16_grads and not plan.dynamic and plan.initial != 1:
-        found.append(f"float16 gradients with the fixed loss scale {plan.initial:g}: the run stops at its first "
-                     "overflow; use --loss_scale auto (dynamic: an overflowing step is skipped and the scale halved)")
+                     f"least {MIN_BN_BATCH * world_size * plan.accum_steps} or pass --sync_bn true")
+    # `auto` scales dynamically exactly where float16 carries gradients (engine/precision.py's rule)
+    float16_grads = precision.loss_scale_plan("auto", plan.amp_level, plan.amp_dtype, plan.grad_compression).dynamic
+    if float16_grads and not plan.loss_scale.dynamic and plan.loss_scale.initial != 1:
+        found.append(f"float16 gradients with the fixed loss scale {plan.loss_scale.initial:g}: the run stops at its "
+                     "first overflow; use --loss_scale auto (dynamic: an overflowing step is skipped and the scale "
+                     "halved)")
     return found
 
 
@@ -77,8 +72,6 @@ def review(cfg, world_size: int, device_target: str) -> List[str]:
     Raises:
         ConfigError: `check_amp_dtype`.
     """
-    amp_level = precision.resolve_amp_level(cfg.amp_level, device_target)
-    check_amp_dtype(amp_level, cfg.amp_dtype, device_target)
-    return recipe_warnings(batch_size=cfg.batch_size, world_size=world_size, grad_accum_steps=cfg.grad_accum_steps,
-                           sync_bn=cfg.sync_bn, amp_level=amp_level, amp_dtype=cfg.amp_dtype,
-                           loss_scale=cfg.loss_scale, grad_compression=cfg.grad_compression)
+    plan = options.step_plan(cfg, device_target, world_size)
+    check_amp_dtype(plan.amp_level, plan.amp_dtype, device_target)
+    return recipe_warnings(plan, batch_size=cfg.batch_size, world_size=world_size, sync_bn=cfg.sync_bn)
