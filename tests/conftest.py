@@ -114,12 +114,27 @@ def pad_crop_flip(image: np.ndarray, params: np.ndarray, padding: int) -> np.nda
     return np.ascontiguousarray(image[:, ::-1] if flip else image)
 
 
+@pytest.fixture(scope="session")
+def torchvision():
+    """(torch, torchvision): the references the weights tests compare msdist with; they skip without them."""
+    torch = pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[reference]'")
+    # torchvision's PyPI wheel links libtorch_cuda; next to the CPU torch, registering the fake kernels of its C
+    # ops (nms, ...) fails at import. Its models never call those ops, so the registration is skipped meanwhile.
+    register_fake = torch.library.register_fake
+    torch.library.register_fake = lambda *args, **kwargs: (lambda fn: fn)
+    try:
+        tv = pytest.importorskip("torchvision", reason="torchvision is not installed: pip install -e '.[reference]'")
+    finally:
+        torch.library.register_fake = register_fake
+    return torch, tv
+
+
 def fake_gpu_node(root, gpus: int, cuda: bool = True) -> str:
     """A GPU node's files under `root`, for `--host_root`: /dev/nvidia0..N-1, NVIDIA's driver under /proc, and
     (`cuda`) the CUDA-stack libraries the installed wheel's newest GPU plugin needs, where a CUDA 11 install puts
     them (/usr/local/cuda/lib64; the driver's libcuda.so.1 in the system library folder). Empty files: --plan
     looks libraries up, it does not load them."""
-    from msdist.cluster import device, gpu_plugin
+    from msdist.cluster import device
     (root / "dev").mkdir(parents=True, exist_ok=True)
     for index in range(gpus):
         (root / "dev" / f"nvidia{index}").touch()
