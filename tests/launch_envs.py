@@ -2,7 +2,7 @@
 
 # What OpenMPI gives rank 3 of 4, two ranks per node.
 MPI = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-       "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_MCA_ess_base_jobid": "77"}
+       "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_MCA_ess_base_jobid": "77", "OMPI_COMMAND": "python", "PMIX_RANK": "3"}
 
 
 # What srun gives task 5 of `srun -N2 --ntasks-per-node=4` (a job step; SLURM_STEP_ID marks it).

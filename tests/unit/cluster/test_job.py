@@ -78,6 +78,27 @@ def test_mpirun_across_hosts_on_cpu_needs_the_scheduler_address():
     job.check_launch(launch_env.detect_launch(one_host), one_host, "CPU")  # the port file is on the one host
 
 
+@pytest.mark.parametrize("drop, extra, refused", [
+    ((), {}, ""),                                           # OpenMPI 4's mpirun: MindSpore sees it too
+    (("OMPI_COMMAND",), {}, "OMPI_COMMAND not"),            # a wrapper that filtered the environment
+    (("PMIX_RANK",), {}, "PMIX_RANK not"),                  # OpenMPI without PMIx
+    (("OMPI_COMMAND", "PMIX_RANK"), {}, "OMPI_COMMAND and PMIX_RANK not"),
+    ((), {"MS_ROLE": "MS_WORKER"}, ""),                     # msdist clears MS_ROLE on MindSpore's OpenMPI path
+])
+def test_gpu_mpirun_is_refused_where_mindspore_would_not_see_mpirun(drop, extra, refused):
+    """MindSpore 2.10 detects mpirun by OMPI_COMMAND + PMIX_RANK (and no MS_ROLE), not by OMPI_COMM_WORLD_*."""
+    one_host = {**MPI, "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
+    env = {**{k: v for k, v in one_host.items() if k not in drop}, **extra}
+    launch = launch_env.detect_launch(env)
+    assert launch.kind == "mpirun"
+    job.check_launch(launch, env, "CPU")  # the CPU bridge joins MindSpore's dynamic cluster, not its MPI path
+    if not refused:
+        job.check_launch(launch, env, "GPU")
+        return
+    with pytest.raises(ConfigError, match=f"but {refused}, so MindSpore 2.10 would not see mpirun"):
+        job.check_launch(launch, env, "GPU")
+
+
 def test_ms_variables_per_path():
     """What each path sets or clears, as distributed.init does it (communication/management.py `_host_distribute`:
     MS_ROLE switches init() into the dynamic cluster)."""
