@@ -3,7 +3,8 @@
 Two phases, because MindSpore and oneDNN read some settings once, when their libraries load:
 
 * `prepare()` runs before `import mindspore`: log level, oneDNN ISA cap, OpenMP threads, the cores
-  this rank is bound to, where the compile cache lives. It never imports mindspore.
+  this rank will be bound to (it runs unbound until it has joined the cluster: `bind_to_cores`),
+  where the compile cache lives. It never imports mindspore.
 * `configure_mindspore()` runs right after the device context is set: MindSpore's own CPU kernel
   thread pool, sized to this rank's share of the cores. `compile_cache_scope()` wraps the one
   compile whose graph is cached.
@@ -166,7 +167,8 @@ def prepare(verbose: bool = False, cpu_isa: str = "auto", local_world_size: int 
         local_world_size: ranks on this host; they share its cores evenly.
         local_rank: this rank's index on the host (which slice of cores it binds to).
         rank: global rank (MindSpore keeps one compile-cache folder per rank).
-        bind_cores: pin this process to its slice of cores when several ranks share the host.
+        bind_cores: pin this process to its slice of cores when several ranks share the host (done by
+            `bind_to_cores` once the rank has joined the cluster).
         compile_cache: directory for MindSpore's compile cache (see `compile_cache_dir`); "" = off.
         device_target: the device decision ("CPU", "GPU" or "auto"); on GPU the oneDNN ISA is left alone
             and never probed (the probe times CPU convolutions in subprocesses).
@@ -182,13 +184,52 @@ def prepare(verbose: bool = False, cpu_isa: str = "auto", local_world_size: int 
         os.environ["ONEDNN_MAX_CPU_ISA"] = isa
     place = place_rank(local_rank, local_world_size, bind_cores)
     os.environ["OMP_NUM_THREADS"] = str(place.threads)
-    if place.bound_by == "msdist":
-        # Before MindSpore starts its threads, so every thread it creates inherits the mask.
-        os.sched_setaffinity(0, place.cores)
+    if place.cores:
+        unbind_until_joined()
     return RuntimeInfo(cpu_isa=isa or "default", isa_source=source, threads_per_rank=place.threads,
                        cores=place.cores, cores_bound_by=place.bound_by,
                        compile_cache=compile_cache,
                        compile_cache_warm=bool(compile_cache) and _cache_is_warm(compile_cache, rank))
+
+
+def unbind_until_joined() -> None:
+    """Let this process run on any of the host's cores until its rank has joined the cluster (`bind_to_cores`).
+
+    Pinned to its one core from the start, a rank missed MindSpore's registration window one launch
+    in four on a busy 2-core host and joined 3 to 300 s late (issue #34). MindSpore 2.10's
+    TCPComm::Connect (tcp_comm.cc:496 in its log; mindspore_test@003f8fd
+    mindspore/ccsrc/cluster/rpc/tcp/tcp_comm.cc, `interval_ms = 10; retry = 3`) gives its event-loop
+    thread 3 x 10 ms to mark the new socket connected, or closes it and fails; ComputeGraphNode::Register
+    (compute_graph_node.cc:193) then fails before any message reaches the scheduler, and
+    ReconnectWithTimeoutWindow (compute_graph_node.cc:392) tries again every 0.5 s for MS_TOPO_TIMEOUT.
+    On one core shared with the rank's own main thread, its thread pools and every other process
+    the kernel put there, the event-loop thread's 30 ms often pass without it running. Unbound, it
+    runs on whichever core is free. A launcher's binding (mpirun --bind-to core, msrun --bind_core)
+    is widened the same way and given back after the join. The kernel keeps the result inside the
+    process's cgroup cpuset.
+    """
+    os.sched_setaffinity(0, range(host_cores()))
+
+
+def bind_to_cores(rt: RuntimeInfo) -> None:
+    """Pin every thread of this process to the rank's cores, once its rank has joined the cluster.
+
+    Every thread MindSpore started so far (event loops, actor and kernel pools) is moved through
+    /proc/self/task; threads started later inherit the mask of the thread that starts them.
+    """
+    if not rt.cores:
+        return
+    done = set()
+    while True:  # a thread started while we pin the others is caught on the next pass
+        todo = {int(t) for t in os.listdir("/proc/self/task")} - done
+        if not todo:
+            return
+        for tid in todo:
+            try:
+                os.sched_setaffinity(tid, rt.cores)
+            except ProcessLookupError:  # the thread has ended meanwhile
+                pass
+        done |= todo
 
 
 def configure_mindspore(rt: RuntimeInfo) -> None:
