@@ -141,7 +141,9 @@ def start_scheduler(host: str, port: int, world_size: int, log_path: str,
         register_timeout_s: the scheduler's watchdog names a rank not registered this long after all the
             others and ends the job (mpirun, srun); 0: the launcher watches itself (msdist.launch).
     """
-    env = dict(os.environ, **cluster_env(host, port, world_size), MS_ROLE="MS_SCHED",
+    # WARNING level whatever the rank starting it set for itself (runtime.prepare): the scheduler logs each
+    # registration at WARNING (meta_server_node.cc:254), the one view of who has joined (msdist.cluster.registration).
+    env = dict(os.environ, **cluster_env(host, port, world_size), MS_ROLE="MS_SCHED", GLOG_v="2", GLOG_minloglevel="1",
                MSDIST_PARENT_PID=str(os.getpid()), **{LOG_DIR_VAR: os.path.dirname(log_path)})
     if register_timeout_s:
         env[REGISTER_TIMEOUT_VAR] = str(register_timeout_s)

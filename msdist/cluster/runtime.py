@@ -195,18 +195,23 @@ def prepare(verbose: bool = False, cpu_isa: str = "auto", local_world_size: int 
 def unbind_until_joined() -> None:
     """Let this process run on any of the host's cores until its rank has joined the cluster (`bind_to_cores`).
 
-    Pinned to its one core from the start, a rank missed MindSpore's registration window one launch
-    in four on a busy 2-core host and joined 3 to 300 s late (issue #34). MindSpore 2.10's
-    TCPComm::Connect (tcp_comm.cc:496 in its log; mindspore_test@003f8fd
-    mindspore/ccsrc/cluster/rpc/tcp/tcp_comm.cc, `interval_ms = 10; retry = 3`) gives its event-loop
-    thread 3 x 10 ms to mark the new socket connected, or closes it and fails; ComputeGraphNode::Register
-    (compute_graph_node.cc:193) then fails before any message reaches the scheduler, and
-    ReconnectWithTimeoutWindow (compute_graph_node.cc:392) tries again every 0.5 s for MS_TOPO_TIMEOUT.
-    On one core shared with the rank's own main thread, its thread pools and every other process
-    the kernel put there, the event-loop thread's 30 ms often pass without it running. Unbound, it
-    runs on whichever core is free. A launcher's binding (mpirun --bind-to core, msrun --bind_core)
-    is widened the same way and given back after the join. The kernel keeps the result inside the
-    process's cgroup cpuset.
+    Pinned to one core from the start, a rank missed its registration one launch in four on a busy 2-core
+    host and joined 3 to 300 s late (issue #34). The cause is a race in MindSpore 2.10's TCPComm
+    (public source: mindspore_test@003f8fd, mindspore/ccsrc/cluster/rpc/tcp/tcp_comm.cc):
+    `TCPComm::DoConnect` adds the new socket to the event loop's epoll (`SetConnectedHandler`) and only
+    then sets `conn->state = kConnecting`. A loopback connect is writable at once, so the event-loop
+    thread may run `ConnectedEventHandler` first (its ConnEstablishedEventHandler sets kConnected) and have
+    that overwritten by kConnecting;
+    `TCPComm::Connect` then waits 3 x 10 ms for kConnected in vain (tcp_comm.cc:496 in 2.10's log) and
+    `ComputeGraphNode::Register` fails (compute_graph_node.cc:193) before any message reaches the
+    scheduler; `ReconnectWithTimeoutWindow` (compute_graph_node.cc:392) tries again every 0.5 s until
+    MS_TOPO_TIMEOUT. The event thread wins when it is woken on the connecting thread's own core, which
+    is where a rank bound to one core always wakes it: with MS_SUBMODULE_LOG_v="{DISTRIBUTED:1}" every
+    bound rank logged "Connection from  to  is successfully created" (handler first, addresses not yet
+    set) 2-11 times before it registered (docs/performance.md, "Start-up"). Unbound, the event thread
+    wakes on another core, after the state is set. A launcher's binding (mpirun --bind-to core, msrun
+    --bind_core) is widened the same way and given back after the join; the kernel keeps the result
+    inside the process's cgroup cpuset.
     """
     os.sched_setaffinity(0, range(host_cores()))
 
