@@ -7,12 +7,12 @@
 # so a finished run matches an uninterrupted one. Without OpenMPI the launcher does the same itself:
 #   LAUNCHER=msdist bash scripts/run_distribute_train.sh N --max_restarts 3 ...
 # Cost: each retry pays start-up again (~10-20 s on CPU) plus the steps since the last checkpoint.
-# Exit 75: a rank never registered with MindSpore's scheduler (docs/launch.md, "A rank that has not joined
+# Exit 42: a rank never registered with MindSpore's scheduler (docs/launch.md, "A rank that has not joined
 # the cluster"); nothing ran yet, so up to MAX_START_RETRIES such starts are not counted as restarts.
 set -uo pipefail
 MAX_RESTARTS=${MAX_RESTARTS:-3}
 MAX_START_RETRIES=${MAX_START_RETRIES:-3}
-NOT_REGISTERED_EXIT=75   # msdist.cluster.registration.NOT_REGISTERED_EXIT
+NOT_REGISTERED_EXIT=42   # msdist.cluster.registration.NOT_REGISTERED_EXIT
 TRAIN="$(dirname "$0")/run_distribute_train.sh"
 
 bash "$TRAIN" "$@"

@@ -142,9 +142,6 @@ def _fail_with_scheduler(proc, log_path: str) -> None:
     if code == 0:
         return
     verdict = rendezvous.scheduler_verdict(log_path)
-    if code == registration.NOT_REGISTERED_EXIT:
-        print(f"msdist: job failed: {verdict} (scheduler log: {log_path})", file=sys.stderr, flush=True)
-        os._exit(code)  # pylint: disable=protected-access
     cause = rendezvous.describe_timeout(verdict)
     if not cause:
         # Not a timed-out rank: a rank that failed says why itself, and so does this one if its collectives
@@ -201,6 +198,7 @@ def init(launch: LaunchEnv, device_target: str, log_dir: str, deterministic: boo
     bridge = _ClusterBridge(launch, log_dir, stall) if job.needs_cluster_bridge(launch, target) else None
     if bridge is None and "MS_SCHED_HOST" in os.environ:  # set by hand or by a job spec: MindSpore takes only an IP
         os.environ["MS_SCHED_HOST"] = rendezvous.resolve_host(os.environ["MS_SCHED_HOST"], "MS_SCHED_HOST")
+    registration.exit_on_signal()  # the scheduler's watchdog ends a rank stuck in init() this way
     comm_init(backend)
     os.environ.update(rendezvous.collective_wait_env(os.environ, target))  # before the first collective reads it
     if bridge is not None:

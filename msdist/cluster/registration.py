@@ -9,16 +9,21 @@ device id: ..., hostname: vm, ..."), but not the failed tries of a rank that can
 `Registrations` reads those lines and, once the ranks that did register have waited
 `--stall_register_timeout` (msdist.cluster.stall) without another joining, names the missing ones. msdist.launch's
 supervisor then respawns the rank (same node id); under mpirun, srun and msrun the scheduler's
-watchdog (msdist.cluster.scheduler) prints the line and ends the job with `NOT_REGISTERED_EXIT`.
+watchdog (msdist.cluster.scheduler) prints the line and ends the ranks with `NOT_REGISTERED_EXIT`.
 """
+import ctypes
+import os
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 NOT_REGISTERED = "not registered with the scheduler"
-# EX_TEMPFAIL: the job may well start if run again (scripts/run_distribute_train_retry.sh restarts it).
-NOT_REGISTERED_EXIT = 75
+# The exit status of a job ended because a rank never registered (scripts/run_distribute_train_retry.sh
+# starts it again). Every rank waits inside MindSpore's init() then, holding the Python lock, so no Python
+# code of theirs can end them: the real-time signal of the same number (SIGRTMIN+8 on glibc) has libc's
+# `_exit` itself as its handler (`exit_on_signal`), which ends the rank with this status from any state.
+NOT_REGISTERED_EXIT = 42
 _REGISTERED = re.compile(r"ProcessRegister\] The new node: (\S+?)\(role: MS_WORKER\).*?hostname: ([^,]*),")
 
 
@@ -66,12 +71,26 @@ class Registrations:
                 f"waited {self.wait_s:.0f} s for it (--stall_register_timeout)")
 
 
+def exit_on_signal() -> None:
+    """From now on, signal NOT_REGISTERED_EXIT ends this process at once with that exit status."""
+    libc = ctypes.CDLL(None)
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.signal.restype = ctypes.c_void_p
+    # The handler is called as handler(signum): _exit(42). _exit is async-signal-safe.
+    libc.signal(NOT_REGISTERED_EXIT, ctypes.cast(libc._exit, ctypes.c_void_p))  # pylint: disable=protected-access
+
+
 class LogTail:
     """The text appended to a file since the last read (the scheduler's log, written by another process)."""
 
     def __init__(self, path: str, offset: int = 0):
         self.path = path
         self.offset = offset
+
+    @classmethod
+    def from_end(cls, path: str) -> "LogTail":
+        """What is appended from now on (a log that earlier attempts wrote to)."""
+        return cls(path, os.path.getsize(path) if os.path.exists(path) else 0)
 
     def read(self) -> str:
         try:

@@ -93,9 +93,20 @@ class _Child:
             lambda rank: heartbeat.read(heartbeat.path_for(log_dir, rank)) if log_dir else None)
         return "; ".join(self.registrations.line(rank, host_of(rank)) for rank in overdue)
 
-    def fail_unregistered(self, line: str) -> int:
+    def fail_unregistered(self, line: str, ranks: List[int], console: str) -> int:
+        """Name the missing ranks in the log and on `console`, end `ranks` (pids) with NOT_REGISTERED_EXIT
+        (registration.exit_on_signal), then the scheduler."""
         print(f"{rendezvous.SCHEDULER_PREFIX}{line}", flush=True)
-        print(f"msdist: {line}", file=sys.stderr, flush=True)
+        try:
+            with open(console, "w", encoding="utf-8") as out:
+                out.write(f"msdist: job failed: {line}\n")
+        except OSError:
+            pass
+        for pid in ranks:
+            try:
+                os.kill(pid, registration.NOT_REGISTERED_EXIT)
+            except ProcessLookupError:
+                pass
         self.proc.kill()
         self.proc.wait()
         return registration.NOT_REGISTERED_EXIT
@@ -122,18 +133,10 @@ def _watch() -> int:
             child.wait()
             return 1
         line = scheduler.unregistered_line()
-        if line:
-            return scheduler.fail_unregistered(line)
+        if line:  # rank 0, our parent: mpirun then ends the job with its exit status
+            return scheduler.fail_unregistered(line, [parent], f"/proc/{parent}/fd/2")
         time.sleep(0.2)
     return child.returncode
-
-
-def _signal_sibling_workers(sig: int) -> None:
-    for pid in _sibling_workers():
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def _sibling_workers() -> List[int]:
@@ -172,8 +175,7 @@ def serve_job(port: int) -> int:
     while child.poll() is None:
         line = scheduler.unregistered_line()
         if line:  # msrun waits for its workers: the registered ones would wait for the missing one for good
-            _signal_sibling_workers(signal.SIGTERM)
-            return scheduler.fail_unregistered(line)
+            return scheduler.fail_unregistered(line, _sibling_workers(), "/proc/self/fd/2")
         busy = rendezvous.established_connections(port) or _sibling_workers()
         gone_since = None if busy else (gone_since or time.monotonic())
         if gone_since is not None and time.monotonic() - gone_since > _JOB_GONE_S:

@@ -80,7 +80,7 @@ KNOBS = (
          _seconds("stall_silence_timeout"), renamed_from="heartbeat_timeout"),
     Knob("stall_register_timeout", float, 30.0, "name a rank that has not registered with MindSpore's scheduler "
          "this many seconds after all the others have (msdist.launch respawns it; mpirun and msrun end the job "
-         "with exit status 75)", _seconds("stall_register_timeout")),
+         "with exit status 42)", _seconds("stall_register_timeout")),
 )
 RENAMED = {k.renamed_from: k.name for k in KNOBS if k.renamed_from}
 

@@ -254,7 +254,7 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[st
             if plan.node_rank == 0:
                 _new_generation(plan)
                 scheduler_log = os.path.join(plan.log_dir, "scheduler.log")
-                joining = _Joining(plan, registration.LogTail(scheduler_log, _size(scheduler_log)))
+                joining = _Joining(plan, registration.LogTail.from_end(scheduler_log))
                 scheduler = rendezvous.start_scheduler(plan.master_addr, port, plan.world_size, scheduler_log)
             elif attempt > 0:
                 _wait_for_new_generation(plan, joined.get("generation", ""))
@@ -295,10 +295,6 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[st
             time.sleep(_POLL_S)
     finally:
         _stop_all(workers, scheduler)
-
-
-def _size(path: str) -> int:
-    return os.path.getsize(path) if os.path.exists(path) else 0
 
 
 class _Joining:
