@@ -5,7 +5,8 @@ Issue #34 item 1: one launch in four waited 90-110 s in start-up. This launches 
 each under msdist.launch, mpirun and msrun, and prints, per launcher, the p50, p95 and maximum
 seconds from the launch command to rank 0's first logged step (the first "step" record of
 metrics.jsonl, written at step 2 with --max_steps 2), how many launches failed, and the lag between
-the two ranks' registrations as the scheduler logged them. Target: p95 <= 2x p50.
+the two ranks' registrations as the scheduler logged them, and how many launches named a rank "not
+registered with the scheduler" (and respawned it, under msdist.launch). Target: p95 <= 2x p50.
 
 The host is shared: the load average (`uptime`) is printed with the figures. The last line is the
 JSON of everything; `--json PATH` also writes it to a file.
@@ -29,6 +30,7 @@ CONFIG = os.path.join(REPO, "configs", "tiny_test.yaml")
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 LAUNCHERS = ("msdist.launch", "mpirun", "msrun")
 LAUNCH_LIMIT_S = 400
+NOT_REGISTERED = "not registered with the scheduler"   # msdist.cluster.registration's line
 # MindSpore's scheduler: "... 2026-11-26-07:05:26.571.043 [...] ProcessRegister] The new node: 1(role: ..."
 _REGISTERED = re.compile(r"(\d{4}-\d\d-\d\d-\d\d:\d\d:\d\d)\.(\d{3})\.\d{3} \[[^]]*\] ProcessRegister\] The new node")
 
@@ -92,12 +94,13 @@ def launch_once(launcher: str, extra) -> dict:
     try:
         proc = subprocess.run(_command(launcher, work, out, extra), cwd=work, env=_env(), capture_output=True,
                               text=True, timeout=LAUNCH_LIMIT_S)
-        status = proc.returncode
+        status, console = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired:
-        status = "timeout"
+        status, console = "timeout", ""
     first = _first_step_time(out)
     row = {"launcher": launcher, "status": status, "wall_s": round(time.time() - began, 1),
-           "first_step_s": round(first - began, 1) if first else None, "registration_lag_s": _registration_lag(work)}
+           "first_step_s": round(first - began, 1) if first else None, "registration_lag_s": _registration_lag(work),
+           "named": console.count(NOT_REGISTERED), "respawned": console.count("respawning it")}
     shutil.rmtree(work, ignore_errors=True)
     return row
 
@@ -115,7 +118,8 @@ def summarize(rows) -> dict:
     return {"launches": len(rows), "failed": len(rows) - len(times), "p50_s": statistics.median(times),
             "p95_s": percentile(times, 0.95), "max_s": max(times),
             "p95_within_2x_p50": percentile(times, 0.95) <= 2 * statistics.median(times),
-            "max_registration_lag_s": max(lags) if lags else None}
+            "max_registration_lag_s": max(lags) if lags else None,
+            "named_unregistered": sum(1 for r in rows if r["named"]), "respawned": sum(r["respawned"] for r in rows)}
 
 
 def main() -> int:
@@ -134,13 +138,15 @@ def main() -> int:
             row = launch_once(launcher, args.train_args)
             rows.append(row)
             print(f"{i + 1:3d} {launcher:14s} status {row['status']} first step {row['first_step_s']} s "
-                  f"wall {row['wall_s']} s registration lag {row['registration_lag_s']} s", flush=True)
+                  f"wall {row['wall_s']} s registration lag {row['registration_lag_s']} s named {row['named']} "
+                  f"respawned {row['respawned']}", flush=True)
     summary = {name: summarize([r for r in rows if r["launcher"] == name]) for name in launchers}
     load = os.getloadavg()
     for name, s in summary.items():
         print(f"{name:14s} {s['launches']} launches, {s['failed']} failed | first step p50 {s.get('p50_s')} s "
               f"p95 {s.get('p95_s')} s max {s.get('max_s')} s | p95 <= 2x p50: {s.get('p95_within_2x_p50')} | "
-              f"max registration lag {s.get('max_registration_lag_s')} s")
+              f"max registration lag {s.get('max_registration_lag_s')} s | launches naming a rank "
+              f"{s.get('named_unregistered')}, respawns {s.get('respawned')}")
     print(f"load after: {load}")
     result = {"runs": rows, "summary": summary, "load_after": load}
     if args.json:

@@ -205,13 +205,15 @@ def unbind_until_joined() -> None:
     `TCPComm::Connect` then waits 3 x 10 ms for kConnected in vain (tcp_comm.cc:496 in 2.10's log) and
     `ComputeGraphNode::Register` fails (compute_graph_node.cc:193) before any message reaches the
     scheduler; `ReconnectWithTimeoutWindow` (compute_graph_node.cc:392) tries again every 0.5 s until
-    MS_TOPO_TIMEOUT. The event thread wins when it is woken on the connecting thread's own core, which
-    is where a rank bound to one core always wakes it: with MS_SUBMODULE_LOG_v="{DISTRIBUTED:1}" every
-    bound rank logged "Connection from  to  is successfully created" (handler first, addresses not yet
-    set) 2-11 times before it registered (docs/performance.md, "Start-up"). Unbound, the event thread
-    wakes on another core, after the state is set. A launcher's binding (mpirun --bind-to core, msrun
-    --bind_core) is widened the same way and given back after the join; the kernel keeps the result
-    inside the process's cgroup cpuset.
+    MS_TOPO_TIMEOUT. Every connect whose handler ran first failed (MS_SUBMODULE_LOG_v="{DISTRIBUTED:1}"
+    shows it as "Connection from  to  is successfully created", addresses not yet set). The event thread
+    wins when it runs at once on the connecting thread's own core, the only core a rank bound to one
+    core has: bound ranks lost that race more often than unbound ones (docs/performance.md, "Start-up"),
+    and a rank that loses it try after try is the one that joined minutes late. Unbinding removes that
+    bias, not the race (the kernel may still wake a thread on its waker's core); the registration watch
+    (msdist.cluster.registration, --stall_register_timeout) bounds what is left. A launcher's binding
+    (mpirun --bind-to core, msrun --bind_core) is widened the same way and given back after the join;
+    the kernel keeps the result inside the process's cgroup cpuset.
     """
     os.sched_setaffinity(0, range(host_cores()))
 
