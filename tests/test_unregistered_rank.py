@@ -97,23 +97,27 @@ def test_mpirun_names_a_rank_held_before_it_registers_and_exits_42(tmp_path):
     assert any("rank 1 (host " in line for line in _named_lines(console)), console[-4000:]
 
 
-def test_a_rank_runs_unbound_until_it_joins_then_every_thread_is_bound():
-    """`runtime.prepare` leaves the process on all cores; `bind_to_cores` then pins threads started before it."""
+def test_a_rank_joins_unbound_without_wakeup_preemption_then_every_thread_is_bound():
+    """`prepare_to_join` leaves the process on all cores in SCHED_BATCH; `bind_to_cores` then pins every thread,
+    those started in between too, and gives them SCHED_OTHER back."""
     script = """
 import os, threading, time
 from msdist.cluster import runtime
 os.sched_setaffinity(0, {0})                      # as mpirun --bind-to core leaves a rank
 rt = runtime.prepare(cpu_isa="default", local_world_size=2, local_rank=0)
 assert rt.cores == (0,), rt
-print(sorted(os.sched_getaffinity(0)))
+runtime.prepare_to_join(rt)
+print(sorted(os.sched_getaffinity(0)), os.sched_getscheduler(0) == os.SCHED_BATCH)
 threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
 runtime.bind_to_cores(rt)
-print(sorted({frozenset(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}, key=sorted))
+tasks = [int(t) for t in os.listdir("/proc/self/task")]
+print(len(tasks), sorted({frozenset(os.sched_getaffinity(t)) for t in tasks}, key=sorted),
+      {os.sched_getscheduler(t) == os.SCHED_OTHER for t in tasks})
 """
     if (os.cpu_count() or 1) < 2:
         pytest.skip("needs 2 cores")
     proc = subprocess.run([sys.executable, "-c", script], env=base_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    unbound, bound = proc.stdout.splitlines()
-    assert unbound == str(list(range(os.cpu_count())))
-    assert bound == "[frozenset({0})]"
+    joining, joined = proc.stdout.splitlines()
+    assert joining == f"{list(range(os.cpu_count()))} True"
+    assert joined == "2 [frozenset({0})] {True}"

@@ -162,7 +162,7 @@ def wait_until_listening(host: str, port: int, timeout_s: float = RENDEZVOUS_TIM
     every 0.5 s (ComputeGraphNode::ReconnectWithTimeoutWindow, compute_graph_node.cc:392 in its log; no
     growing window). Waiting here keeps those failed tries, which MindSpore logs only as warnings, out of
     the ranks' start-up. What did cost 3-300 s was a rank pinned to one core during init: see
-    runtime.unbind_until_joined.
+    runtime.prepare_to_join.
     """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -3,8 +3,9 @@
 Two phases, because MindSpore and oneDNN read some settings once, when their libraries load:
 
 * `prepare()` runs before `import mindspore`: log level, oneDNN ISA cap, OpenMP threads, the cores
-  this rank will be bound to (it runs unbound until it has joined the cluster: `bind_to_cores`),
-  where the compile cache lives. It never imports mindspore.
+  this rank will be bound to, where the compile cache lives. It never imports mindspore.
+* `prepare_to_join()` and `bind_to_cores()` wrap the rank's cluster join: unbound and without wake-up
+  preemption during it (MindSpore's registration race, issue #34), bound after it.
 * `configure_mindspore()` runs right after the device context is set: MindSpore's own CPU kernel
   thread pool, sized to this rank's share of the cores. `compile_cache_scope()` wraps the one
   compile whose graph is cached.
@@ -184,16 +185,15 @@ def prepare(verbose: bool = False, cpu_isa: str = "auto", local_world_size: int 
         os.environ["ONEDNN_MAX_CPU_ISA"] = isa
     place = place_rank(local_rank, local_world_size, bind_cores)
     os.environ["OMP_NUM_THREADS"] = str(place.threads)
-    if place.cores:
-        unbind_until_joined()
     return RuntimeInfo(cpu_isa=isa or "default", isa_source=source, threads_per_rank=place.threads,
                        cores=place.cores, cores_bound_by=place.bound_by,
                        compile_cache=compile_cache,
                        compile_cache_warm=bool(compile_cache) and _cache_is_warm(compile_cache, rank))
 
 
-def unbind_until_joined() -> None:
-    """Let this process run on any of the host's cores until its rank has joined the cluster (`bind_to_cores`).
+def prepare_to_join(rt: RuntimeInfo) -> None:
+    """Right before this rank joins the cluster: run on any of the host's cores, without wake-up preemption,
+    until it has joined (`bind_to_cores` then binds it and gives the threads their normal policy back).
 
     Pinned to one core from the start, a rank missed its registration one launch in four on a busy 2-core
     host and joined 3 to 300 s late (issue #34). The cause is a race in MindSpore 2.10's TCPComm
@@ -215,17 +215,21 @@ def unbind_until_joined() -> None:
     (mpirun --bind-to core, msrun --bind_core) is widened the same way and given back after the join;
     the kernel keeps the result inside the process's cgroup cpuset.
     """
-    os.sched_setaffinity(0, range(host_cores()))
+    if rt.cores:
+        os.sched_setaffinity(0, range(host_cores()))
+    # And no wake-up preemption until then: the threads MindSpore starts in init() inherit SCHED_BATCH, and
+    # a SCHED_BATCH thread that wakes does not preempt the running one (the kernel's wake-up check skips
+    # it), so the connecting thread sets kConnecting before the event thread runs on its core.
+    os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
 
 
 def bind_to_cores(rt: RuntimeInfo) -> None:
-    """Pin every thread of this process to the rank's cores, once its rank has joined the cluster.
+    """Pin every thread of this process to the rank's cores, with the normal scheduling policy, once its rank
+    has joined the cluster (undoing `prepare_to_join`).
 
     Every thread MindSpore started so far (event loops, actor and kernel pools) is moved through
-    /proc/self/task; threads started later inherit the mask of the thread that starts them.
+    /proc/self/task; threads started later inherit the mask and policy of the thread that starts them.
     """
-    if not rt.cores:
-        return
     done = set()
     while True:  # a thread started while we pin the others is caught on the next pass
         todo = {int(t) for t in os.listdir("/proc/self/task")} - done
@@ -233,7 +237,9 @@ def bind_to_cores(rt: RuntimeInfo) -> None:
             return
         for tid in todo:
             try:
-                os.sched_setaffinity(tid, rt.cores)
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                if rt.cores:
+                    os.sched_setaffinity(tid, rt.cores)
             except ProcessLookupError:  # the thread has ended meanwhile
                 pass
         done |= todo

@@ -7,8 +7,8 @@
    A mistake here is one line and exit status 2 within a second, before MindSpore loads or a
    cluster forms, so `msdist.launch` (which never restarts on exit 2) does not retry a typo;
 4. set the process environment MindSpore reads when it loads (`runtime.prepare`);
-5. `join()`: distributed init, then the rank's core binding (`runtime.bind_to_cores`), MindSpore's
-   thread pool, this rank's log file.
+5. `join()`: distributed init (unbound and without wake-up preemption: `runtime.prepare_to_join`), then
+   the rank's core binding (`runtime.bind_to_cores`), MindSpore's thread pool, this rank's log file.
 
 Steps 1-4 are `start()`. Step 5 is separate because training must claim its output folder and start
 its heartbeat between them. train, eval and check run all five (so do benchmark workers that join a
@@ -165,9 +165,10 @@ def join(started: Started, log_dir: str, log_name: str = "rank") -> Tuple[distri
     """
     from msdist.run.logs import setup_logging
     cfg = started.cfg
+    runtime.prepare_to_join(started.rt)  # bound during the join, a rank can miss its registration (issue #34)
     dist = distributed.init(started.launch, started.device.target, log_dir, cfg.deterministic,
                             stall.StallPolicy.from_options(vars(cfg)))
-    runtime.bind_to_cores(started.rt)  # only now: bound during init, a rank can miss its registration
+    runtime.bind_to_cores(started.rt)
     runtime.configure_mindspore(started.rt)
     setup_logging(log_dir, dist.rank, console=dist.is_main, name=log_name)
     return dist, distributed.Collectives(dist.world_size)
