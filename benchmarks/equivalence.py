@@ -80,10 +80,9 @@ def relu_flips(data_dir: str, model: str, size: int) -> dict:
             return ops.relu(x)
 
     split = pipeline.list_split(data_dir, pipeline.TRAIN_SPLIT, pipeline.class_map(data_dir))
-    images = next(pipeline.build_train_dataset(split, batch_size=GLOBAL_BATCH, image_size=size, epoch=0, seed=SEED,
-                                               shuffle=True, augment=False, padding=0, world_size=1, rank=0,
-                                               global_batch=GLOBAL_BATCH, workers=1)
-                  .create_tuple_iterator(num_epochs=1))[0]
+    spec = pipeline.TrainInput(image_size=size, global_batch=GLOBAL_BATCH, seed=SEED, shuffle=True, augment=False,
+                               padding=0, workers=1)
+    images = next(pipeline.build_train_dataset(split, spec, epoch=0).create_tuple_iterator(num_epochs=1))[0]
     ms.set_context(mode=ms.PYNATIVE_MODE)  # the recorder runs Python per call
     inputs = []
     for msdist_bn in (False, True):

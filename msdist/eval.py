@@ -11,7 +11,7 @@ from msdist.base.cli import cli_main
 from msdist.cluster import runtime
 from msdist.base.files import rank_log_path
 from msdist.data import pipeline, plan
-from msdist.run import build, config, evaluation, startup
+from msdist.run import build, config, evaluation, options, startup
 from msdist.run.result import write_result
 
 _PROCESS_START = time.perf_counter()  # for the wall time in the closing summary
@@ -30,13 +30,13 @@ def main(argv=None) -> int:
     # The same data check as training: a corrupt Test image is named, never a C++ decoder trace.
     classes, excluded = build.checked_classes(cfg, dist, collectives)
     test_split = pipeline.list_split(cfg.data_dir, pipeline.TEST_SPLIT, classes, exclude=excluded)
-    num_classes = cfg.num_classes or len(classes)
+    num_classes = options.num_classes(cfg, classes)
     trained_as = checkpoint_model.meta_convention(checkpoint_model.stored_meta(cfg.ckpt))  # padded as it was trained
     net = step.build_network(cfg.model, num_classes, cfg.zero_init_last_bn, cfg.sync_bn, dist.world_size, trained_as)
     checkpoint_model.load_weights(cfg.ckpt, net)
-    batch = cfg.eval_batch_size or plan.per_rank_batch(cfg.batch_size, dist.world_size)
+    batch = options.eval_batch(cfg, plan.per_rank_batch(cfg.batch_size, dist.world_size))
     metrics = evaluation.evaluate_split(net, test_split, batch_size=batch, image_size=cfg.image_size, dist=dist,
-                                        workers=cfg.num_workers or started.rt.threads_per_rank,
+                                        workers=options.workers(cfg, started.rt),
                                         collectives=collectives, num_classes=num_classes)
     if dist.is_main:
         result = {**metrics, "classes": sorted(classes, key=classes.get), "world_size": dist.world_size,

@@ -17,9 +17,9 @@ from typing import List, Optional, Sequence
 
 import yaml
 
+from msdist.base.args import ArgumentParser
 from msdist.base.cli import cli_main
 from msdist.base.errors import ConfigError, DataError
-from msdist.run.config import ArgumentParser
 from msdist.run.metrics import METRICS_FILE
 from msdist.run.progress import format_duration
 

@@ -132,8 +132,9 @@ def test_random_crop_is_at_training_resolution_from_the_padded_image():
 def test_no_augment_no_shuffle_trains_on_the_test_transform_in_file_order(data_dir):
     """`--augment false --shuffle false`: training batches are the plain resized images, in file order."""
     split = pipeline.list_split(data_dir, "Training", pipeline.class_map(data_dir))
-    train = pipeline.build_train_dataset(split, batch_size=8, image_size=32, epoch=3, seed=1, shuffle=False,
-                                         augment=False, padding=2, world_size=1, rank=0, global_batch=8, workers=1)
+    spec = pipeline.TrainInput(image_size=32, global_batch=8, seed=1, shuffle=False, augment=False, padding=2,
+                               workers=1)
+    train = pipeline.build_train_dataset(split, spec, epoch=3)
     plain = pipeline.build_eval_dataset(split, batch_size=8, image_size=32, world_size=1, rank=0, workers=1)
     (images, labels), (expected, expected_labels) = [next(d.create_tuple_iterator(num_epochs=1, output_numpy=True))
                                                      for d in (train, plain)]

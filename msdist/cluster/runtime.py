@@ -245,6 +245,18 @@ def bind_to_cores(rt: RuntimeInfo) -> None:
         done |= todo
 
 
+def prepare_tool(local_world_size: int = 1) -> RuntimeInfo:
+    """`prepare` for a tool that only reads images through MindSpore's dataset engine (`msdist.data
+    check|bench`, pipeline benchmarks): the environment its decoders and threads read when MindSpore loads.
+
+    Args:
+        local_world_size: the ranks this process stands in for, which share the host's cores.
+    """
+    rt = prepare(False, "auto", local_world_size)
+    bind_to_cores(rt)  # no cluster to join
+    return rt
+
+
 def configure_mindspore(rt: RuntimeInfo) -> None:
     """Size MindSpore's CPU kernel thread pool to this rank's cores (its default assumes the whole host)."""
     from mindspore import device_context

@@ -7,18 +7,10 @@ class count, input size, normalization, class names and padding convention insid
 import os
 from typing import Sequence, Tuple
 
+from msdist.base.args import ArgumentParser, boolean
 from msdist.cluster import runtime
 from msdist.data import pipeline
 from msdist.run import checkpoint_model
-from msdist.run.config import ArgumentParser, boolean
-
-
-def positive_int(text: str) -> int:
-    """argparse type: a whole number of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"{value} is below 1")
-    return value
 
 
 def cli_parser(prog: str, description: str) -> ArgumentParser:

@@ -65,18 +65,18 @@ class Trainer:
         self.cfg, self.dist, self.collectives, self.data, self.model = cfg, dist, collectives, data, model
         self.steps_per_epoch = data.steps_per_epoch
         self.beat, self.launch_kind = beat, launch_kind
-        num_classes = cfg.num_classes or len(data.classes)
         directory, prefix = checkpoint_place(cfg)
         self.saver = Saver(directory=directory, prefix=prefix, rank=dist.rank, keep=cfg.keep_checkpoint_max,
                            config_hash=config.config_hash(cfg), net=model.net, train_state=state_parameters(model),
                            collectives=collectives,
-                           meta=model_meta(cfg.model, num_classes, cfg.image_size, data.classes, model.convention))
+                           meta=model_meta(cfg.model, data.num_classes, cfg.image_size, data.classes,
+                                           model.convention))
         self.watch: Optional[Watch] = None
         self.saved_at = 0
         # What the stall watch scales a save's and an evaluation's allowance from.
         self._state_bytes = sum(p.nbytes for p in model.net.get_parameters()) + \
             sum(p.nbytes for p in state_parameters(model))
-        eval_batch = dist.world_size * (cfg.eval_batch_size or data.per_rank_batch)
+        eval_batch = dist.world_size * data.eval_batch
         self._eval_batches = -(-len(data.test) // eval_batch) * (2 if model.ema is not None else 1)
 
     def resume(self) -> Position:
@@ -123,14 +123,8 @@ class Trainer:
     def _train_epoch(self, at: Position) -> Position:
         """The optimizer steps of the epoch `at` is in (or begins), from where it stands; stop early at max_steps."""
         epoch, skip = at.next_epoch(self.steps_per_epoch), at.skip(self.steps_per_epoch)
-        cfg, data = self.cfg, self.data
         self.beat.enter("data wait")  # building the epoch's pipeline and its first batch
-        batches = pipeline.build_train_dataset(data.train, batch_size=data.per_rank_batch, image_size=cfg.image_size,
-                                               epoch=epoch, seed=cfg.seed, shuffle=cfg.shuffle, augment=cfg.augment,
-                                               padding=cfg.crop_padding, world_size=self.dist.world_size,
-                                               rank=self.dist.rank, global_batch=cfg.batch_size,
-                                               workers=data.workers, skip_steps=skip,
-                                               regularization=data.regularization)
+        batches = pipeline.build_train_dataset(self.data.train, self.data.train_input, epoch, skip_steps=skip)
         self.watch.start_epoch(at)
         for images, labels in batches.create_tuple_iterator(num_epochs=1):
             self.beat.enter("train step")
@@ -213,8 +207,8 @@ class Trainer:
         return metrics
 
     def _evaluate_net(self) -> dict:
-        cfg, data = self.cfg, self.data
-        return evaluation.evaluate_split(self.model.net, data.test,
-                                         batch_size=cfg.eval_batch_size or data.per_rank_batch,
-                                         image_size=cfg.image_size, dist=self.dist, workers=data.workers,
-                                         collectives=self.collectives, num_classes=cfg.num_classes or len(data.classes))
+        data = self.data
+        return evaluation.evaluate_split(self.model.net, data.test, batch_size=data.eval_batch,
+                                         image_size=data.train_input.image_size, dist=self.dist,
+                                         workers=data.train_input.workers, collectives=self.collectives,
+                                         num_classes=data.num_classes)
