@@ -258,7 +258,7 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[st
                 scheduler = rendezvous.start_scheduler(plan.master_addr, port, plan.world_size, scheduler_log)
             elif attempt > 0:
                 _wait_for_new_generation(plan, joined.get("generation", ""))
-            # Workers that find no scheduler back off for tens of seconds, so only start them once it listens.
+            # Only once it listens: a worker that finds none fails its registration tries (see wait_until_listening).
             rendezvous.wait_until_listening(plan.master_addr, port, plan.stall.stall_startup_timeout)
         except RuntimeError as e:
             where = "" if plan.node_rank == 0 else "; check --master_addr/--master_port and that node 0's launcher runs"

@@ -157,8 +157,8 @@ def start(argv=None, *, options: Sequence[config.Option] = config.TRAIN_OPTIONS,
     with alike_on_every_rank():  # the same options and files on every rank: one rank per host reports
         cfg = config.parse(argv, options, prog=prog)
     if launch.kind == "scheduler":  # msrun starts this same command as MindSpore's scheduler too
-        raise SystemExit(distributed.run_scheduler_role(launch, stall.StallPolicy.from_options(vars(cfg)),
-                                                        os.path.join(cfg.output_dir, "logs") if "output_dir" in cfg else ""))
+        log_dir = os.path.join(cfg.output_dir, "logs") if "output_dir" in cfg else ""
+        raise SystemExit(distributed.run_scheduler_role(launch, stall.StallPolicy.from_options(vars(cfg)), log_dir))
     run_checks(cfg, launch.world_size, checks)
     chosen = decide_device(cfg, launch, device.host_probe(os.environ))
     rt = runtime.prepare(cfg.verbose, cfg.cpu_isa, launch.local_world_size, local_rank=launch.local_rank,
