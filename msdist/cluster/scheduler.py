@@ -73,7 +73,8 @@ class _Child:
         wait_s = float(os.environ.get(rendezvous.REGISTER_TIMEOUT_VAR, "0"))
         self.registrations = registration.Registrations(int(os.environ.get("MS_WORKER_NUM", "1")), wait_s) \
             if wait_s > 0 else None
-        threading.Thread(target=self._relay, daemon=True).start()
+        self._relaying = threading.Thread(target=self._relay, daemon=True)
+        self._relaying.start()
 
     def _relay(self) -> None:
         for raw in self.proc.stdout:
@@ -82,6 +83,11 @@ class _Child:
             sys.stdout.flush()
             if self.registrations is not None:
                 self.registrations.feed(text)
+
+    def returncode(self) -> int:
+        """The scheduler's exit status, once its last lines (its verdict among them) are relayed."""
+        self._relaying.join(timeout=5)
+        return self.proc.returncode
 
     def unregistered_line(self) -> str:
         """One line naming the ranks still unregistered past the wait, or ""."""
@@ -136,7 +142,7 @@ def _watch() -> int:
         if line:  # rank 0, our parent: mpirun then ends the job with its exit status
             return scheduler.fail_unregistered(line, [parent], f"/proc/{parent}/fd/2")
         time.sleep(0.2)
-    return child.returncode
+    return scheduler.returncode()
 
 
 def _sibling_workers() -> List[int]:
@@ -183,7 +189,7 @@ def serve_job(port: int) -> int:
             child.wait()
             return 0
         time.sleep(0.5)
-    return child.returncode
+    return scheduler.returncode()
 
 
 if __name__ == "__main__":
