@@ -210,8 +210,9 @@ def prepare_to_join(rt: RuntimeInfo) -> None:
     wins when it runs at once on the connecting thread's own core, the only core a rank bound to one
     core has: bound ranks lost that race more often than unbound ones (docs/performance.md, "Start-up"),
     and a rank that loses it try after try is the one that joined minutes late. Unbinding removes that
-    bias, not the race (the kernel may still wake a thread on its waker's core); the registration watch
-    (msdist.cluster.registration, --stall_register_timeout) bounds what is left. A launcher's binding
+    bias, not the race (the kernel may still wake a thread on its waker's core); SCHED_BATCH (below) all
+    but closes it, and the registration watch (msdist.cluster.registration, --stall_register_timeout)
+    bounds what is left. A launcher's binding
     (mpirun --bind-to core, msrun --bind_core) is widened the same way and given back after the join;
     the kernel keeps the result inside the process's cgroup cpuset.
     """
