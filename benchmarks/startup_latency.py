@@ -101,7 +101,10 @@ def launch_once(launcher: str, extra) -> dict:
     row = {"launcher": launcher, "status": status, "wall_s": round(time.time() - began, 1),
            "first_step_s": round(first - began, 1) if first else None, "registration_lag_s": _registration_lag(work),
            "named": console.count(NOT_REGISTERED), "respawned": console.count("respawning it")}
-    shutil.rmtree(work, ignore_errors=True)
+    if status == 0:
+        shutil.rmtree(work, ignore_errors=True)
+    else:  # kept: the logs say why (scheduler.log, rank logs)
+        row["kept"] = work
     return row
 
 
