@@ -8,17 +8,29 @@
 # so a finished run matches an uninterrupted one. Without OpenMPI the launcher does the same itself:
 #   LAUNCHER=msdist bash scripts/run_distribute_train.sh N --max_restarts 3 ...
 # Cost: each retry pays start-up again (~10-20 s on CPU) plus the steps since the last checkpoint.
+# Exit 42: a rank never registered with MindSpore's scheduler (docs/launch.md, "A rank that has not joined
+# the cluster"); nothing ran yet, so up to MAX_START_RETRIES such starts are not counted as restarts.
 set -uo pipefail
 MAX_RESTARTS=${MAX_RESTARTS:-3}
+MAX_START_RETRIES=${MAX_START_RETRIES:-3}
+NOT_REGISTERED_EXIT=42   # msdist.cluster.registration.NOT_REGISTERED_EXIT
 TRAIN="$(dirname "$0")/run_distribute_train.sh"
 
 bash "$TRAIN" "$@"
 status=$?
+start_retries=0
 for ((restart = 1; restart <= MAX_RESTARTS && status != 0; restart++)); do
   if [ "$status" -eq 2 ]; then
     break  # msdist: error: a bad option, config or data; running again cannot fix it
   fi
-  echo "run_distribute_train_retry: job failed (exit $status); restart $restart of $MAX_RESTARTS with --resume auto" >&2
+  if [ "$status" -eq "$NOT_REGISTERED_EXIT" ] && [ "$start_retries" -lt "$MAX_START_RETRIES" ]; then
+    start_retries=$((start_retries + 1))
+    restart=$((restart - 1))
+    echo "run_distribute_train_retry: a rank never registered with the scheduler (exit $status); starting again" \
+      "($start_retries of $MAX_START_RETRIES)" >&2
+  else
+    echo "run_distribute_train_retry: job failed (exit $status); restart $restart of $MAX_RESTARTS with --resume auto" >&2
+  fi
   bash "$TRAIN" "$@" --resume auto
   status=$?
 done

@@ -48,7 +48,7 @@ def test_one_option_family_for_the_launcher_and_the_ranks(capsys):
     from msdist import launch
     from msdist.run import config
     cfg = config.parse(["--stall_timeout", "30", "--stall_startup_timeout", "90", "--stall_silence_timeout", "15"])
-    expected = StallPolicy(30.0, 90.0, 15.0)
+    expected = StallPolicy(30.0, 90.0, 15.0, 30.0)
     assert StallPolicy.from_options(vars(cfg)) == expected
     plan = launch.parse_args(["-n", "2", "--stall_timeout", "30", "--stall_startup_timeout", "90",
                               "--stall_silence_timeout", "15"])
@@ -68,7 +68,8 @@ def test_the_watchdog_obeys_the_silence_limit_too(tmp_path):
     """A live process of this host whose heartbeat stopped changing is a stall past --stall_silence_timeout
     (after its first step) or --stall_startup_timeout (before it), as the launcher's supervisor decides; a
     rank whose process ended, or another host's, is left to its launcher and to the progress limit."""
-    policy = StallPolicy(stall_timeout=1000.0, stall_startup_timeout=50.0, stall_silence_timeout=20.0)
+    policy = StallPolicy(stall_timeout=1000.0, stall_startup_timeout=50.0, stall_silence_timeout=20.0,
+                         stall_register_timeout=30.0)
     ended = subprocess.Popen(["true"])
     ended.wait()
     here, alive = socket.gethostname(), os.getpid()

@@ -123,10 +123,30 @@ def cluster_env(host: str, port: Union[int, str], world_size: int) -> Dict[str, 
     return {"MS_SCHED_HOST": host, "MS_SCHED_PORT": str(port), "MS_WORKER_NUM": str(world_size)}
 
 
-def start_scheduler(host: str, port: int, world_size: int, log_path: str) -> subprocess.Popen:
-    """Start MindSpore's scheduler as a child that dies with this process (see msdist.cluster.scheduler)."""
-    env = dict(os.environ, **cluster_env(host, port, world_size), MS_ROLE="MS_SCHED",
-               MSDIST_PARENT_PID=str(os.getpid()))
+REGISTER_TIMEOUT_VAR = "MSDIST_REGISTER_TIMEOUT"  # for the scheduler's watchdog: --stall_register_timeout
+LOG_DIR_VAR = "MSDIST_LOG_DIR"                     # for the scheduler's watchdog: where the ranks' heartbeats are
+
+
+def topo_timeout_env(seconds: float) -> Dict[str, str]:
+    """MS_TOPO_TIMEOUT, unless set already: how long MindSpore's workers try to register and its scheduler
+    waits for them (1800 s by default). The backstop behind --stall_register_timeout's watch."""
+    return {} if "MS_TOPO_TIMEOUT" in os.environ else {"MS_TOPO_TIMEOUT": str(int(seconds))}
+
+
+def start_scheduler(host: str, port: int, world_size: int, log_path: str,
+                    register_timeout_s: float = 0.0) -> subprocess.Popen:
+    """Start MindSpore's scheduler as a child that dies with this process (see msdist.cluster.scheduler).
+
+    Args:
+        register_timeout_s: the scheduler's watchdog names a rank not registered this long after all the
+            others and ends the job (mpirun, srun); 0: the launcher watches itself (msdist.launch).
+    """
+    # WARNING level whatever the rank starting it set for itself (runtime.prepare): the scheduler logs each
+    # registration at WARNING (meta_server_node.cc:254), the one view of who has joined (msdist.cluster.registration).
+    env = dict(os.environ, **cluster_env(host, port, world_size), MS_ROLE="MS_SCHED", GLOG_v="2", GLOG_minloglevel="1",
+               MSDIST_PARENT_PID=str(os.getpid()), **{LOG_DIR_VAR: os.path.dirname(log_path)})
+    if register_timeout_s:
+        env[REGISTER_TIMEOUT_VAR] = str(register_timeout_s)
     for name in ("MS_NODE_ID", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"):
         env.pop(name, None)  # the scheduler is not an MPI rank nor a worker
     os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
@@ -138,8 +158,11 @@ def start_scheduler(host: str, port: int, world_size: int, log_path: str) -> sub
 def wait_until_listening(host: str, port: int, timeout_s: float = RENDEZVOUS_TIMEOUT_S) -> None:
     """Block until the scheduler accepts connections.
 
-    MindSpore workers that find no scheduler back off with a growing retry window (20-60 s lost at
-    start-up on this 2-core machine), so they only call init() once it is reachable.
+    A worker that finds no scheduler is not slowed for long by it: MindSpore 2.10 retries registration
+    every 0.5 s (ComputeGraphNode::ReconnectWithTimeoutWindow, compute_graph_node.cc:392 in its log; no
+    growing window). Waiting here keeps those failed tries, which MindSpore logs only as warnings, out of
+    the ranks' start-up. What did cost 3-300 s was a rank pinned to one core during init: see
+    runtime.prepare_to_join.
     """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -19,11 +19,16 @@ init, both under the one stall policy (msdist.cluster.stall) the ranks' own watc
 * liveness: no heartbeat at all (a stopped process, a hang that holds the Python lock): past
   --stall_startup_timeout before the rank's first training step, --stall_silence_timeout after it.
 
+And one watch on MindSpore's scheduler log (node 0, msdist.cluster.registration): a rank not registered
+--stall_register_timeout after all the others is named in one line and respawned with the same node id
+(a rank that misses its registration is not stuck for good: a new process joins at once, issue #34).
+
 How a failed attempt is described (the rank, how it failed, its traceback) is msdist.cluster.failures.
 """
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,7 +38,7 @@ from typing import Dict, List, Optional
 
 from msdist.base.errors import ConfigError
 from msdist.base.files import atomic_write_text, rank_log_path
-from msdist.cluster import heartbeat, rendezvous
+from msdist.cluster import heartbeat, registration, rendezvous
 from msdist.cluster.failures import Failure, describe_exit, first_cause, traceback_tail, with_cluster_cause
 from msdist.cluster.stall import StallPolicy
 
@@ -43,6 +48,7 @@ _PORT_RELEASE_S = 30.0         # an explicit port must come free again before a 
 _RESOLVE_RETRY_S = 10.0        # nodes > 0: node 0's host name may appear in DNS a little after they start
 _STACK_DUMP_S = 1.0            # a stalled job's ranks write their stacks before they are stopped
 _USER_ERROR_EXIT = 2             # msdist.base.cli.cli_main's status for a UserError
+_MAX_RESPAWNS = 2                # per rank and attempt; then the attempt fails (--max_restarts: a new port)
 
 
 def _say(message: str) -> None:
@@ -94,6 +100,7 @@ class _Worker:
     heartbeat_path: str
     log_offsets: Dict[str, int]   # log file sizes at spawn: logs are appended to across attempts
     started: float = field(default_factory=time.time)
+    respawns: int = 0             # times this rank was started again because it never registered
 
 
 def _log_paths(log_dir: str, rank: int) -> List[str]:
@@ -241,16 +248,17 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[st
         joined: carried across attempts: the scheduler generation this node last joined.
     """
     port = _pick_port(plan, attempt)
-    scheduler, workers = None, []
+    scheduler, workers, joining = None, [], None
     try:
         try:
             if plan.node_rank == 0:
                 _new_generation(plan)
-                scheduler = rendezvous.start_scheduler(plan.master_addr, port, plan.world_size,
-                                                    os.path.join(plan.log_dir, "scheduler.log"))
+                scheduler_log = os.path.join(plan.log_dir, "scheduler.log")
+                joining = _Joining(plan, registration.LogTail.from_end(scheduler_log))
+                scheduler = rendezvous.start_scheduler(plan.master_addr, port, plan.world_size, scheduler_log)
             elif attempt > 0:
                 _wait_for_new_generation(plan, joined.get("generation", ""))
-            # Workers that find no scheduler back off for tens of seconds, so only start them once it listens.
+            # Only once it listens: a worker that finds none fails its registration tries (see wait_until_listening).
             rendezvous.wait_until_listening(plan.master_addr, port, plan.stall.stall_startup_timeout)
         except RuntimeError as e:
             where = "" if plan.node_rank == 0 else "; check --master_addr/--master_port and that node 0's launcher runs"
@@ -267,6 +275,10 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[st
             failures = [f for f in (_check_worker(w, plan) for w in workers) if f is not None]
             if failures:
                 return with_cluster_cause(first_cause(failures), scheduler, plan.log_dir)
+            failure = joining.respawn_unregistered(workers, port, train_args) if joining else None
+            if failure is not None:
+                return failure
+            progress.pids.update({w.rank: w.proc.pid for w in workers})  # a respawned rank has a new pid
             stall = heartbeat.find_stall(progress.poll(), plan.stall)
             if stall is not None:
                 _dump_stacks(workers, plan.log_dir, stall.line())
@@ -283,6 +295,34 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[st
             time.sleep(_POLL_S)
     finally:
         _stop_all(workers, scheduler)
+
+
+class _Joining:
+    """Node 0's view of the ranks joining this attempt's cluster, read from the scheduler's log."""
+
+    def __init__(self, plan: Plan, log: registration.LogTail):
+        self.plan = plan
+        self.log = log
+        self.registrations = registration.Registrations(plan.world_size, plan.stall.stall_register_timeout)
+        self.started = time.monotonic()
+
+    def respawn_unregistered(self, workers: List[_Worker], port: int, train_args: List[str]) -> Optional[Failure]:
+        """Start again, with the same node id, a local rank still unregistered --stall_register_timeout after
+        all the others; a rank of another node, or one already respawned _MAX_RESPAWNS times, fails the attempt."""
+        self.registrations.feed(self.log.read())
+        for rank in self.registrations.overdue():
+            local = [i for i, w in enumerate(workers) if w.rank == rank]
+            line = self.registrations.line(rank, socket.gethostname() if local else f"of node {rank // self.plan.nproc}")
+            if not local or workers[local[0]].respawns >= _MAX_RESPAWNS:
+                return Failure(rank, line)
+            old = workers[local[0]]
+            _say(f"{line}; respawning it with the same node id ({old.respawns + 1} of {_MAX_RESPAWNS})")
+            _signal_group(old.proc, signal.SIGKILL)
+            old.proc.wait()
+            new = _spawn_worker(self.plan, rank - self.plan.global_rank(0), self.plan.master_addr, port, train_args)
+            workers[local[0]] = dataclasses.replace(new, respawns=old.respawns + 1)
+            self.registrations.restart_clock(self.started)
+        return None
 
 
 def _dump_stacks(workers: List[_Worker], log_dir: str, why: str) -> None:
@@ -346,6 +386,8 @@ def run(plan: Plan) -> int:
     # Other nodes may start before node 0's name is in DNS (Kubernetes), so they retry for a few seconds.
     plan = dataclasses.replace(plan, master_addr=rendezvous.resolve_host(
         plan.master_addr, "--master_addr", retry_s=_RESOLVE_RETRY_S if plan.node_rank else 0.0))
+    # Scheduler and workers inherit it: a rank that never registers ends the attempt at the latest then.
+    os.environ.update(rendezvous.topo_timeout_env(plan.stall.stall_startup_timeout))
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
     try:
