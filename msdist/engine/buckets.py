@@ -36,7 +36,12 @@ def parameter_sizes(net) -> List[Tuple[str, int]]:
     MindSpore lists a Cell's parameters in the order its attributes were set (`Cell.parameters_and_names`
     walks `_params` then `_cells`, both insertion-ordered dicts), which msdist's models write in forward order.
     """
-    return [(p.name, _elements(p.shape) * FLOAT32_BYTES) for p in net.trainable_params()]
+    return sizes_of(net.trainable_params())
+
+
+def sizes_of(params) -> List[Tuple[str, int]]:
+    """(name, float32 gradient bytes) of each parameter (anything with `name` and `shape`), in the given order."""
+    return [(p.name, _elements(p.shape) * FLOAT32_BYTES) for p in params]
 
 
 def plan_buckets(sizes: Sequence[Tuple[str, int]], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> List[Bucket]:
@@ -55,6 +60,13 @@ def plan_buckets(sizes: Sequence[Tuple[str, int]], bucket_bytes: int = DEFAULT_B
     if sizes:
         buckets.append(_bucket(sizes, 0, end))
     return buckets
+
+
+def cut_after(sizes: Sequence[Tuple[str, int]], indices: Sequence[int]) -> List[Bucket]:
+    """Buckets ending after each of the increasing forward-order `indices` (`--allreduce_fusion 85,160`), in SEND
+    order; no indices = one bucket."""
+    bounds = [0] + [i + 1 for i in indices if i + 1 < len(sizes)] + [len(sizes)]
+    return [_bucket(sizes, start, end) for start, end in reversed(list(zip(bounds, bounds[1:]))) if end > start]
 
 
 def _bucket(sizes: Sequence[Tuple[str, int]], start: int, end: int) -> Bucket:

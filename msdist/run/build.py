@@ -128,18 +128,18 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
                             data.steps_per_epoch, cfg.warmup_epochs, cfg.lr_step_size, cfg.lr_gamma, cfg.min_lr)
     optimizer = optim.create_optimizer(net.trainable_params(), lrs, cfg.momentum, cfg.weight_decay,
                                        cfg.backbone_lr_scale, weights.HEAD_PREFIX)
-    step.split_allreduce_fusion(config.fusion_split(cfg.allreduce_fusion), len(optimizer.parameters),
-                                dist.world_size)
+    gradient_buckets = step.bucket_gradients(net, config.fusion_split(cfg.allreduce_fusion), dist.world_size)
     reducer = reducers.create_reducer(cfg.grad_compression, optimizer.parameters, dist.world_size,
                                       topk_ratio=cfg.topk_ratio, threshold=cfg.threshold,
-                                      error_feedback=cfg.error_feedback)
+                                      error_feedback=cfg.error_feedback, buckets=gradient_buckets)
     scaler = loss_scale.LossScaler(scale_plan, dist.world_size, rank=dist.rank)
     # batch_size stays the global batch of one optimizer step; accumulation splits each rank's share.
     micro_batch = plan.micro_batch_size(data.per_rank_batch, cfg.grad_accum_steps)
     train_step = step.TrainStep(net, step.create_loss(data.regularization.soft_labels), optimizer, scaler, reducer,
                                 cfg.grad_accum_steps)
-    _logger.info("gradients: %s | %d micro-batch(es) of %d per rank per optimizer step", cfg.grad_compression,
-                 cfg.grad_accum_steps, micro_batch)
+    _logger.info("gradients: %s in %d bucket(s), last layers first (%s MB) | %d micro-batch(es) of %d per rank per "
+                 "optimizer step", cfg.grad_compression, len(gradient_buckets),
+                 "/".join(f"{b.nbytes / 2**20:.1f}" for b in gradient_buckets), cfg.grad_accum_steps, micro_batch)
     train_step.set_train(True)
     compile_start = time.perf_counter()
     with runtime.compile_cache_scope(rt):  # compiled ahead of the first batch, so a restart can load it
