@@ -67,12 +67,16 @@ def test_allreduce_fusion_is_validated(monkeypatch):
     for bad in ("160,85", "a,b", "0,3"):
         with pytest.raises(ConfigError, match="strictly increasing parameter indices"):
             config.parse(["--allreduce_fusion", bad])
+    assert config.parse([]).allreduce_fusion == "auto" and config.fusion_split("auto") is None
+    net = step.build_network("resnet18", 10, False, False, 1)
     with pytest.raises(ConfigError, match="it has 62"):  # e.g. [85, 160] on a ResNet-18
-        step.split_allreduce_fusion([85, 160], num_params=62, world_size=2)
+        step.bucket_gradients(net, [85, 160], world_size=2)
     import mindspore as ms
-    step.split_allreduce_fusion([85, 160], num_params=161, world_size=2)
     try:
-        assert ms.get_auto_parallel_context("all_reduce_fusion_config") == [85, 160]
+        plan = step.bucket_gradients(net, None, world_size=2)
+        # Each parameter carries its bucket's number in send order: MindSpore's reducer fuses equal numbers.
+        assert [p.comm_fusion for p in net.trainable_params()] == [2] * 49 + [1] * 13 and len(plan) == 2
+        assert ms.get_auto_parallel_context("comm_fusion")["allreduce"]["config"] == 26  # above the largest bucket
     finally:
         ms.reset_auto_parallel_context()
 

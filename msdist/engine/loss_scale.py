@@ -165,7 +165,7 @@ def check_finite(scaler: LossScaler, weights: Optional[FiniteWeights] = None, lo
     if scaler.checked and not scaler.dynamic:
         _check_record(scaler)
     if loss is not None and not math.isfinite(loss):
-        _stop(f"step {step}: the mean loss of the steps logged here is {loss} (not finite)", scaler)
+        _stop(f"step {step}: the mean training loss since the last log line is {loss} (not finite)", scaler)
     if weights is not None and float(weights().asnumpy()) > 0:
         _stop(f"step {step}: the weights hold an inf or NaN, so the gradients of a step since the last check were "
               "not finite", scaler)

@@ -223,17 +223,18 @@ def label_placeholder(batch: int, num_classes: int, soft_labels: bool):
 
 
 def build_network(model: str, num_classes: int, zero_init_last_bn: bool, sync_bn: bool, world_size: int,
-                  convention: str = DEFAULT_CONVENTION):
+                  convention: str = DEFAULT_CONVENTION, bn_stats: str = "float64"):
     """The model from the registry, with cross-rank BatchNorm swapped in when asked.
 
     Args:
         convention: how its parameter-free layers pad (models.CONVENTIONS), after the weights it will hold.
+        bn_stats: sync_bn's statistics precision (`sync_bn.stats_precision` of the device).
     """
     from models import create_model
     net = create_model(model, num_classes, zero_init_last_bn=zero_init_last_bn, convention=convention)
     if sync_bn:
         from msdist.engine.sync_bn import convert_sync_batchnorm
-        net = convert_sync_batchnorm(net, world_size)
+        net = convert_sync_batchnorm(net, world_size, bn_stats)
     return net
 
 

@@ -106,7 +106,7 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
     """Network (SyncBN, AMP), LR schedule, optimizer, gradient reducer, and the compiled train step."""
     import mindspore as ms
 
-    from msdist.engine import ema, loss_scale, optim, precision, reducers, step
+    from msdist.engine import ema, loss_scale, optim, precision, reducers, step, sync_bn
     from msdist.run import weights
     amp_level = precision.resolve_amp_level(cfg.amp_level, dist.device_target)
     precision.warn_if_no_speedup(cfg.amp_level, dist.device_target)
@@ -117,7 +117,7 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
         source = weights.read(cfg.pretrained) if cfg.pretrained else None
     convention = _convention(cfg, dist.rank, source)
     net = step.build_network(cfg.model, cfg.num_classes or len(data.classes), cfg.zero_init_last_bn, cfg.sync_bn,
-                             dist.world_size, convention)
+                             dist.world_size, convention, sync_bn.stats_precision(dist.device_target))
     if source is not None:  # before resume, which overrides it
         with alike_on_every_rank():
             weights.load_pretrained(net, source, cfg.model)
