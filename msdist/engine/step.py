@@ -101,10 +101,12 @@ class _ApplyAccumulated(nn.Cell):
     """Average the accumulated gradients and losses, reduce the gradients over ranks once, step the optimizer,
     clear the buffers; the mean loss."""
 
-    def __init__(self, accumulated: ParameterTuple, loss_sum: Parameter, update: ScaledUpdate, accum_steps: int):
+    def __init__(self, accumulated: ParameterTuple, loss_sum: Parameter, loss_total: Parameter, update: ScaledUpdate,
+                 accum_steps: int):
         super().__init__(auto_prefix=False)
         self.accumulated = accumulated
         self.loss_sum = loss_sum
+        self.loss_total = loss_total
         self.update = update
         self.inv_steps = 1.0 / accum_steps
         self.hyper_map = ops.HyperMap()
@@ -115,7 +117,8 @@ class _ApplyAccumulated(nn.Cell):
         done = self.update(grads, loss)
         # Auto-monad keeps side effects in program order: the buffers are read above, cleared here.
         loss = ops.depend(loss, self.hyper_map(_clear, self.accumulated))
-        return ops.depend(ops.depend(loss, _clear_buffer(self.loss_sum)), done)
+        loss = ops.depend(ops.depend(loss, _clear_buffer(self.loss_sum)), done)
+        return ops.depend(loss, ops.assign_add(self.loss_total, loss))
 
 
 class _MicroBatches(nn.Cell):
@@ -175,6 +178,8 @@ class TrainStep(nn.Cell):
         update = ScaledUpdate(optimizer, reducer, scaler)
         # Unchecked (float32, fixed scale): no step checks, so the log steps read whether the weights are finite.
         self.finite_weights = None if scaler.checked else loss_scale.FiniteWeights(self.weights)
+        self.loss_total = Parameter(Tensor(0.0, mstype.float32), name="loss_total", requires_grad=False)
+        self.losses = LossAccumulator(self.loss_total)
         if accum_steps == 1:
             self.update = update
         else:
@@ -182,14 +187,15 @@ class TrainStep(nn.Cell):
                                                          requires_grad=False) for p in self.weights])
             self.loss_sum = Parameter(Tensor(0.0, mstype.float32), name="accum.loss", requires_grad=False)
             self.hyper_map = ops.HyperMap()
-            self.apply_step = _ApplyAccumulated(self.accumulated, self.loss_sum, update, accum_steps)
+            self.apply_step = _ApplyAccumulated(self.accumulated, self.loss_sum, self.loss_total, update, accum_steps)
             self.micro_batches = _MicroBatches(accum_steps)
 
     def construct(self, images, labels):
         loss = self.net_with_loss(images, labels)
         grads = self.grad(self.net_with_loss, self.weights)(images, labels, self.scaler.sens(loss))
         if self.accum_steps == 1:
-            return ops.depend(loss, self.update(grads, loss))
+            loss = ops.depend(loss, self.update(grads, loss))
+            return ops.depend(loss, ops.assign_add(self.loss_total, ops.cast(loss, mstype.float32)))
         loss = ops.depend(loss, ops.assign_add(self.loss_sum, ops.cast(loss, mstype.float32)))
         return ops.depend(loss, self.hyper_map(ops.assign_add, self.accumulated, grads))
 
@@ -201,7 +207,8 @@ class TrainStep(nn.Cell):
 
     def train_on(self, images, labels):
         """One optimizer step on this rank's batch (split into `accum_steps` micro-batches on the device); the
-        mean loss, a device Tensor."""
+        mean loss, a device Tensor, also added to `losses` on the device."""
+        self.losses.step_done()
         if self.accum_steps == 1:
             return self(images, labels)
         for micro_images, micro_labels in zip(*self.micro_batches(images, labels)):
@@ -303,30 +310,25 @@ def _enable_fusion(largest_bucket_bytes: int) -> None:
                                                             "config": math.ceil(largest_bucket_bytes / 2**20) + 1}})
 
 
-class _Add(nn.Cell):
-    def construct(self, a, b):
-        return a + b
-
-
 class LossAccumulator:
-    """Step losses summed on the device, read to the host only when asked (at log steps).
+    """Step losses summed on the device by the train step itself (one AssignAdd inside its graph, no launch of
+    its own), read to the host only when asked (at log steps).
 
     Reading a device value waits for every step queued before it, so reading each step's loss would
     make the host wait for the device every step instead of queueing the next one.
     """
 
-    def __init__(self):
-        self._sum = None
+    def __init__(self, total: Parameter):
+        self._total = total
         self._steps = 0
-        self._add = _Add()  # a compiled graph: launched like the train step, without an eager-mode op
 
-    def add(self, loss) -> None:
-        """Add one step's loss (a device Tensor); no host sync."""
-        self._sum = loss if self._sum is None else self._add(self._sum, loss)
+    def step_done(self) -> None:
+        """Count one optimizer step, whose loss its graph has added to the total; no host sync."""
         self._steps += 1
 
     def read(self) -> float:
-        """Mean of the losses added since the last read; blocks until they are computed."""
-        mean = float(self._sum.asnumpy()) / self._steps
-        self._sum, self._steps = None, 0
+        """Mean of the losses since the last read; blocks until they are computed. Restarts the sum."""
+        mean = float(self._total.asnumpy()) / self._steps
+        self._total.set_data(Tensor(0.0, mstype.float32))
+        self._steps = 0
         return mean

@@ -74,7 +74,6 @@ class Model:
     train_step: object       # msdist.engine.step.TrainStep, compiled
     lrs: np.ndarray
     compile_seconds: float
-    losses: object           # step.LossAccumulator: the loss stays on the device between log steps
     convention: str          # how the network pads (models.CONVENTIONS), recorded in its checkpoints
 
 
@@ -150,5 +149,4 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
     _logger.info("train step compiled in %.1f s", compile_seconds)
     runtime.release_compile_memory()
     averaged = ema.create(net, cfg.ema_decay)  # after --pretrained, so the average starts from those weights
-    return Model(net, optimizer, reducer, scaler, averaged, train_step, lrs, compile_seconds, step.LossAccumulator(),
-                 convention)
+    return Model(net, optimizer, reducer, scaler, averaged, train_step, lrs, compile_seconds, convention)

@@ -141,7 +141,7 @@ class Trainer:
 
     def _train_step(self, images, labels, at: Position) -> Position:
         """One optimizer step (and the EMA's update after it); queued on the device, no host sync."""
-        self.model.losses.add(self.model.train_step.train_on(images, labels))
+        self.model.train_step.train_on(images, labels)  # its loss is summed on the device (step.LossAccumulator)
         if self.model.ema is not None:
             self.model.ema()
         return at.advanced(self.steps_per_epoch)
@@ -151,7 +151,7 @@ class Trainer:
         watch = self.watch
         loss = None
         if watch.progress.is_log_step(at):  # the only host sync: it waits for the queued steps
-            loss, step_s, data_s = watch.close_window(self.model.losses.read(), self.collectives)
+            loss, step_s, data_s = watch.close_window(self.model.train_step.losses.read(), self.collectives)
             loss_scale.check_finite(self.model.scaler, self.model.train_step.finite_weights, loss, at.global_step)
         else:
             step_s = watch.timer.step_done()
