@@ -139,8 +139,13 @@ def _times_tensor(scalar, grad):
 
 
 class FiniteWeights(nn.Cell):
-    """How many of these Parameters hold an inf or NaN: one compiled pass, run at log steps only (where the
-    host syncs anyway) on the unchecked path, where a non-finite gradient would reach the weights unseen."""
+    """Whether these Parameters hold an inf or NaN (1.0) or not (0.0): run at log steps only (where the host
+    syncs anyway) on the unchecked path, where a non-finite gradient would reach the weights unseen.
+
+    One ReduceSum per tensor and one scalar check: a sum holding an inf or NaN is not finite (inf - inf is
+    NaN), and a single read pass costs a fraction of IsFinite, which writes a mask as large as the weights.
+    Finite weights whose sum overflows float32 (|w| ~ 1e31) would read as non-finite: a diverged run anyway.
+    """
 
     def __init__(self, params):
         super().__init__(auto_prefix=False)
@@ -148,7 +153,15 @@ class FiniteWeights(nn.Cell):
         self.hyper_map = ops.HyperMap()
 
     def construct(self):
-        return ops.addn(self.hyper_map(_not_finite, self.params))
+        return _count_not_finite(ops.addn(self.hyper_map(_sum_of, self.params)))
+
+
+_sum_of = ops.MultitypeFuncGraph("sum_of")
+
+
+@_sum_of.register("Tensor")
+def _tensor_sum(tensor):
+    return ops.cast(tensor, ms.float32).sum()
 
 
 def check_finite(scaler: LossScaler, weights: Optional[FiniteWeights] = None, loss: Optional[float] = None,
