@@ -119,22 +119,7 @@ def measure(steps: int, data_dir: str) -> dict:
     # The weights check is device work (one pass over the weights; on a GPU ~0.1 ms for ResNet-50), here on the CPU.
     result["log_weights"] /= LOG_EVERY
     result["host_total"] = sum(result[k] for k in ("fetch", "dispatch", "loss", "heartbeat", "logging"))
-    result["fetch_no_copy"] = _fetch_without_copy(pipeline, split, steps)
     return result
-
-
-def _fetch_without_copy(pipeline, split, steps: int) -> float:
-    """The same handoff with `create_tuple_iterator(do_copy=False)`: the batch becomes a Tensor without a copy."""
-    batches = pipeline.build_train_dataset(split, batch_size=BATCH, image_size=IMAGE_SIZE, epoch=1, seed=1, shuffle=True,
-                                           augment=True, padding=4, world_size=1, rank=0, global_batch=BATCH,
-                                           workers=1).create_tuple_iterator(num_epochs=1, do_copy=False)
-    samples = []
-    for _ in range(min(steps, 100)):
-        time.sleep(0.03)
-        t0 = time.perf_counter()
-        next(batches)
-        samples.append(time.perf_counter() - t0)
-    return _median_us(samples)
 
 
 def main() -> None:
@@ -151,8 +136,7 @@ def main() -> None:
     for key in ("fetch", "dispatch", "loss", "heartbeat", "logging"):
         print(f"  {key:<10} {r[key]:8.1f} us")
     print(f"  {'total':<10} {r['host_total']:8.1f} us   (the whole step on this CPU: {r['step_cpu'] / 1e3:.1f} ms)")
-    print(f"  fetch with do_copy=False: {r['fetch_no_copy']:.1f} us; the log step's weights check (device work, "
-          f"per step): {r['log_weights']:.1f} us")
+    print(f"  the log step's weights check (device work, per step): {r['log_weights']:.1f} us")
     for batch in (32, 128):
         share = r["host_total"] / (a100_step_ms(batch) * 1e3)
         print(f"  vs an A100 ResNet-50 100 px step of batch {batch} ({a100_step_ms(batch):.2f} ms): {share:.1%} "
