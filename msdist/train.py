@@ -8,9 +8,9 @@ import os
 import tempfile
 import time
 
-from msdist.cluster import heartbeat, runtime, watchdog
-from msdist.cluster.cli import cli_main
-from msdist.cluster.errors import ConfigError
+from msdist.base.cli import cli_main
+from msdist.base.errors import ConfigError
+from msdist.cluster import heartbeat, runtime, stall, watchdog
 from msdist.run import build, config, monitor, startup
 
 _logger = logging.getLogger("msdist.train")
@@ -56,7 +56,7 @@ def train(started: startup.Started) -> int:
     replaced = _claim_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite, launch.rank == 0)
     log_dir = os.path.join(cfg.output_dir, "logs")
     # Beats from before cluster init, so a rank stuck there is seen too.
-    beat = watchdog.watch_this_rank(log_dir, launch, cfg.stall_timeout)
+    beat = watchdog.watch_this_rank(log_dir, launch, stall.StallPolicy.from_options(vars(cfg)))
     dist, collectives = startup.join(started, log_dir)
     heartbeat.dump_stacks_on_signal(watchdog.rank_log(log_dir, dist.rank))
     from msdist.cluster import distributed  # loads MindSpore
