@@ -53,7 +53,7 @@ def _weights(net):
 def test_a_fixed_float16_scale_counts_the_loss_in_its_per_step_check():
     """O2 float16, fixed 1024: step 2's loss is inf and its gradients finite; the step and every later one
     leave the weights alone, and the check names step 2 and rank 0."""
-    from msdist.cluster.errors import NonFiniteError
+    from msdist.base.errors import NonFiniteError
     from msdist.engine import loss_scale
     plan = precision.loss_scale_plan(1024.0, "O2", "float16", "none")
     train, loss_fn, net = _train_step(plan, "O2")
@@ -76,7 +76,7 @@ def test_a_fixed_float16_scale_counts_the_loss_in_its_per_step_check():
 def test_a_non_finite_loss_is_caught_at_the_log_step(plan):
     """The window's mean loss, read at the log step where the host syncs anyway, stops the run on every path,
     including the one whose steps carry no check at all."""
-    from msdist.cluster.errors import NonFiniteError
+    from msdist.base.errors import NonFiniteError
     from msdist.engine import loss_scale
     train, loss_fn, _ = _train_step(plan, "O0")
     train.train_on(*_batch(0))
@@ -92,7 +92,7 @@ def test_a_non_finite_loss_is_caught_at_the_log_step(plan):
 def test_float32_steps_carry_no_check_but_non_finite_gradients_are_caught_at_the_log_step():
     """Fixed 1024 under float32: the compiled step has no overflow check (no IsFinite in its graph), and a
     batch holding an inf, whose gradients are NaN, is caught from the weights at the next check."""
-    from msdist.cluster.errors import NonFiniteError
+    from msdist.base.errors import NonFiniteError
     from msdist.engine import loss_scale
     plan = precision.loss_scale_plan(1024.0, "O0", "float16", "none")
     train, _, _ = _train_step(plan, "O0")
@@ -107,7 +107,7 @@ def test_float32_steps_carry_no_check_but_non_finite_gradients_are_caught_at_the
 
 
 def test_accumulated_steps_check_the_mean_loss_of_their_micro_batches():
-    from msdist.cluster.errors import NonFiniteError
+    from msdist.base.errors import NonFiniteError
     from msdist.engine import loss_scale
     plan = precision.loss_scale_plan(1024.0, "O2", "float16", "none")
     train, loss_fn, _ = _train_step(plan, "O2", accum_steps=2)
