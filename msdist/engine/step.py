@@ -64,14 +64,16 @@ class ScaledUpdate(nn.Cell):
             reduced = self.scaler.unscale(self._reduce(grads, None))
         else:
             reduced = self._reduce(self.scaler.unscale(grads), None)
-        # A float16 exchange can overflow by itself: the reduced values show that too.
-        overflow = self.scaler.overflow(reduced, across_ranks=False)
         if self.scaler.dynamic:
-            return reduced, overflow, None
-        # Fixed: which ranks, for the error line, and each rank's loss, which the sums do not carry. This
-        # AllReduce reads every local gradient, but no bucket waits for it: only the update does.
+            # The sums carry any rank's inf or NaN, and a float16 exchange's own overflow.
+            return reduced, self.scaler.overflow(reduced, across_ranks=False), None
+        # Fixed: each rank's count of its gradients and its loss (the error line names the ranks; the sums carry
+        # no loss). This AllReduce reads every local gradient, but no bucket waits for it: only the update does.
         by_rank = self.scaler.not_finite_by_rank(grads, loss)
-        return reduced, ops.logical_or(overflow, by_rank.sum() > 0), by_rank
+        overflow = by_rank.sum() > 0
+        if self.reduces_scaled:  # a float16 exchange can overflow by itself
+            overflow = ops.logical_or(overflow, self.scaler.overflow(reduced, across_ranks=False))
+        return reduced, overflow, by_rank
 
     def construct(self, grads, loss):
         if not self.scaler.checked:
