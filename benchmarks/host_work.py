@@ -49,6 +49,7 @@ def measure(steps: int, data_dir: str) -> dict:
     from mindspore import nn, ops
 
     from msdist.cluster import heartbeat
+    from msdist.cluster.stall import StallPolicy
     from msdist.data import pipeline
     from msdist.engine import loss_scale, optim, precision, step
     from msdist.run import monitor
@@ -71,7 +72,7 @@ def measure(steps: int, data_dir: str) -> dict:
             return ops.depend(labels, images)
 
     launch = NoWork()
-    beat = heartbeat.Heartbeat(tempfile.mkdtemp(prefix="host_work_"), 0, heartbeat.StallPolicy.parse("0"))
+    beat = heartbeat.Heartbeat(tempfile.mkdtemp(prefix="host_work_"), 0, StallPolicy.from_options({}))
     progress = monitor.Progress(epochs=1, steps_per_epoch=steps + 1, global_batch=BATCH, log_every=LOG_EVERY)
     progress.start_epoch(Position())
     timer = monitor.StepTimer(images_per_step=BATCH)
