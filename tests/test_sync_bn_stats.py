@@ -76,9 +76,9 @@ def test_float32_statistics_stay_exact_when_the_mean_lies_far_from_zero(activati
 
 
 def test_statistics_precision_is_float32_on_gpu_and_float64_on_cpu():
-    from msdist.engine import sync_bn
-    assert [sync_bn.stats_precision(d) for d in ("GPU", "CPU")] == ["float32", "float64"]
-    assert set(sync_bn.STATS_PRECISIONS) == {"float32", "float64"}
+    from msdist.engine import precision, sync_bn
+    assert [precision.bn_stats_precision(d) for d in ("GPU", "CPU")] == ["float32", "float64"]
+    assert {precision.bn_stats_precision(d) for d in ("GPU", "CPU")} == set(sync_bn.STATS_PRECISIONS)
 
 
 def test_float32_statistics_carry_no_float64_in_the_graph(tmp_path):

@@ -46,6 +46,13 @@ def resolve_amp_level(amp_level: str, device_target: str) -> str:
     return "O2" if device_target == "GPU" else "O0"
 
 
+def bn_stats_precision(device_target: str) -> str:
+    """The precision of SyncBatchNorm's statistics (`sync_bn.STATS_PRECISIONS`) on a device: float32 on GPU
+    (float64 arithmetic there runs at 1/32-1/64 of float32's rate on consumer cards, and the casts triple the
+    memory traffic), float64 on CPU (correctly rounded sums: the 1-vs-N equivalence's floor, docs/equivalence.md)."""
+    return "float32" if device_target == "GPU" else "float64"
+
+
 def warn_if_no_speedup(amp_level: str, device_target: str) -> None:
     """An explicit O2/O3 on CPU runs, but is slower and less accurate there: say so once, name `auto`."""
     if amp_level in ("O2", "O3") and device_target == "CPU":

@@ -237,7 +237,7 @@ def build_network(model: str, num_classes: int, zero_init_last_bn: bool, sync_bn
 
     Args:
         convention: how its parameter-free layers pad (models.CONVENTIONS), after the weights it will hold.
-        bn_stats: sync_bn's statistics precision (`sync_bn.stats_precision` of the device).
+        bn_stats: sync_bn's statistics precision (`precision.bn_stats_precision` of the device).
     """
     from models import create_model
     net = create_model(model, num_classes, zero_init_last_bn=zero_init_last_bn, convention=convention)

@@ -17,7 +17,7 @@ same two collectives as PyTorch's SyncBatchNorm:
 Every rank's batch has the same shape (one graph serves all ranks, and msdist's loader drops the
 remainder), so the global count is a number known when the graph is built, not a collective's payload.
 
-The statistics come in two precisions (`STATS_PRECISIONS`, chosen by `stats_precision`):
+The statistics come in two precisions (`STATS_PRECISIONS`, chosen by `precision.bn_stats_precision`):
 
 - float64 (CPU): the forward sums are float64 matrix products (`_exact_channel_sums`: the same
   correctly rounded sums as MindSpore's ReduceSum, several times faster), which keeps the 1-vs-N
@@ -49,13 +49,6 @@ from mindspore.ops.operations._grad_ops import BatchNormGrad  # nn.BatchNorm2d's
 _logger = logging.getLogger(__name__)
 DIST_BN_MODES = ("reduce", "broadcast", "none")
 STATS_PRECISIONS = ("float64", "float32")
-
-
-def stats_precision(device_target: str) -> str:
-    """The precision of SyncBatchNorm's statistics on a device: float32 on GPU (float64 arithmetic there runs
-    at 1/32-1/64 of float32's rate on consumer cards and the casts triple the memory traffic), float64 on
-    CPU (correctly rounded sums, the 1-vs-N equivalence's floor; docs/equivalence.md)."""
-    return "float32" if device_target == "GPU" else "float64"
 
 
 def _exact_channel_sums(t):
@@ -214,7 +207,7 @@ class SyncBatchNorm2d(nn.BatchNorm2d):
         bn: the BatchNorm2d whose parameters and hyper-parameters are taken over.
         world_size: number of ranks normalized over (1 = this process only: the same statistics, no
             collectives; the control that measures how MindSpore's fused BatchNorm rounds differently).
-        stats: the statistics' precision, one of STATS_PRECISIONS (`stats_precision`).
+        stats: the statistics' precision, one of STATS_PRECISIONS (`precision.bn_stats_precision`).
     """
 
     def __init__(self, bn: nn.BatchNorm2d, world_size: int, stats: str = "float64"):  # pylint: disable=super-init-not-called

@@ -5,12 +5,12 @@ BatchNorm statistics one model (`--dist_bn`) and keep the best checkpoint, and r
 checkpoint holds besides the model is collected here from the components that declare it, each
 under its own prefix in its own module: the optimizer (`optim.state_parameters`), the reducer
 (`reducers.state_parameters`), the loss scaler and the EMA (`state_parameters()` of each). The
-Saver (`checkpoint.Saver`) writes them.
+Saver (`checkpoint_saver.Saver`) writes them.
 
 The loop's sections are small methods, one place each for what happens there: `_train_epoch` waits
-for each batch (the wait ends at `timer.data_ready()`), `_train_step` runs the compiled step,
+for each batch (the wait ends at `meter.data_ready()`), `_train_step` runs the compiled step,
 `_report` writes the step line and the heartbeat, `_end_epoch` saves (`_save`) and evaluates
-(`_evaluate`) when the schedule says so.
+(`_evaluate`) when the schedule says so, after making the ranks one model once for both (`_one_model`).
 """
 import logging
 import time
@@ -20,9 +20,13 @@ from typing import Optional
 from msdist.cluster import distributed
 from msdist.data import pipeline
 from msdist.engine import loss_scale, optim, reducers
-from msdist.run import checkpoint, config, evaluation, inference, monitor
+from msdist.run import checkpoint, config, evaluation
 from msdist.run.build import Data, Model, checkpoint_place
+from msdist.run.checkpoint_model import model_meta
+from msdist.run.checkpoint_saver import Saver
+from msdist.run.meter import Meter
 from msdist.run.position import Position
+from msdist.run.watch import Watch
 
 _logger = logging.getLogger(__name__)
 
@@ -41,9 +45,9 @@ class Outcome:
     metrics: dict
     train_start: float            # time.perf_counter() when the first epoch began
     train_seconds: float
-    timer: monitor.StepTimer
+    meter: Meter                  # the run's clock: result.json's img/s and first step
     newest: Optional[checkpoint.CheckpointInfo]
-    ranks: dict                   # every rank's median step time and input-wait share (monitor.RankFigures)
+    ranks: dict                   # every rank's median step time and input-wait share (meter.RankFigures)
 
 
 class Trainer:
@@ -61,19 +65,18 @@ class Trainer:
         self.cfg, self.dist, self.collectives, self.data, self.model = cfg, dist, collectives, data, model
         self.steps_per_epoch = data.steps_per_epoch
         self.beat, self.launch_kind = beat, launch_kind
-        num_classes = cfg.num_classes or len(data.classes)
         directory, prefix = checkpoint_place(cfg)
-        self.saver = checkpoint.Saver(directory=directory, prefix=prefix, rank=dist.rank,
-                                      keep=cfg.keep_checkpoint_max, config_hash=config.config_hash(cfg),
-                                      net=model.net, train_state=state_parameters(model), collectives=collectives,
-                                      meta=inference.model_meta(cfg.model, num_classes, cfg.image_size, data.classes,
-                                                                model.convention))
-        self.watch: Optional[monitor.Watch] = None
+        self.saver = Saver(directory=directory, prefix=prefix, rank=dist.rank, keep=cfg.keep_checkpoint_max,
+                           config_hash=config.config_hash(cfg), net=model.net, train_state=state_parameters(model),
+                           collectives=collectives,
+                           meta=model_meta(cfg.model, data.num_classes, cfg.image_size, data.classes,
+                                           model.convention))
+        self.watch: Optional[Watch] = None
         self.saved_at = 0
         # What the stall watch scales a save's and an evaluation's allowance from.
         self._state_bytes = sum(p.nbytes for p in model.net.get_parameters()) + \
             sum(p.nbytes for p in state_parameters(model))
-        eval_batch = dist.world_size * (cfg.eval_batch_size or data.per_rank_batch)
+        eval_batch = dist.world_size * data.eval_batch
         self._eval_batches = -(-len(data.test) // eval_batch) * (2 if model.ema is not None else 1)
 
     def resume(self) -> Position:
@@ -91,22 +94,22 @@ class Trainer:
         cfg = self.cfg
         at = self.resume()
         distributed.check_replicas_identical(self.collectives, self.model.net, "at start")
-        self.watch = monitor.Watch.open(epochs=cfg.epochs, steps_per_epoch=self.steps_per_epoch,
-                                        global_batch=cfg.batch_size, log_every=cfg.log_every, max_steps=cfg.max_steps,
-                                        output_dir=cfg.output_dir, tensorboard=cfg.tensorboard,
-                                        is_main=self.dist.is_main, world_size=self.dist.world_size,
-                                        launch_kind=self.launch_kind, start_step=at.global_step, beat=self.beat)
+        self.watch = Watch.open(epochs=cfg.epochs, steps_per_epoch=self.steps_per_epoch,
+                                global_batch=cfg.batch_size, log_every=cfg.log_every, max_steps=cfg.max_steps,
+                                output_dir=cfg.output_dir, tensorboard=cfg.tensorboard,
+                                is_main=self.dist.is_main, world_size=self.dist.world_size,
+                                launch_kind=self.launch_kind, start_step=at.global_step)
         self.saved_at, metrics = at.global_step, None
         train_start = time.perf_counter()
         while at.next_epoch(self.steps_per_epoch) < cfg.epochs and not self._reached(at):
             at = self._train_epoch(at)
             metrics = self._end_epoch(at)
         train_seconds = time.perf_counter() - train_start
-        if at.global_step != self.saved_at:
-            self._save(at)
         self.watch.close()
-        metrics = metrics or self._evaluate(at)  # None when stopped by max_steps or resumed from a finished run
-        return Outcome(at, metrics, train_start, train_seconds, self.watch.timer, self.saver.newest,
+        # Save the last step if unsaved; evaluate unless the last epoch did (not when stopped by max_steps, or
+        # resumed from a finished run).
+        final = self._save_and_evaluate(at, save=at.global_step != self.saved_at, evaluate=metrics is None)
+        return Outcome(at, metrics or final, train_start, train_seconds, self.watch.meter, self.saver.newest,
                        self.watch.ranks.summary())
 
     def _reached(self, at: Position) -> bool:
@@ -120,19 +123,12 @@ class Trainer:
     def _train_epoch(self, at: Position) -> Position:
         """The optimizer steps of the epoch `at` is in (or begins), from where it stands; stop early at max_steps."""
         epoch, skip = at.next_epoch(self.steps_per_epoch), at.skip(self.steps_per_epoch)
-        cfg, data = self.cfg, self.data
         self.beat.enter("data wait")  # building the epoch's pipeline and its first batch
-        batches = pipeline.build_train_dataset(data.train, batch_size=data.per_rank_batch, image_size=cfg.image_size,
-                                               epoch=epoch, seed=cfg.seed, shuffle=cfg.shuffle, augment=cfg.augment,
-                                               padding=cfg.crop_padding, world_size=self.dist.world_size,
-                                               rank=self.dist.rank, global_batch=cfg.batch_size,
-                                               workers=data.workers, skip_steps=skip,
-                                               regularization=data.regularization)
-        self.watch.progress.start_epoch(at)
-        self.watch.timer.restart_clock()
+        batches = pipeline.build_train_dataset(self.data.train, self.data.train_input, epoch, skip_steps=skip)
+        self.watch.start_epoch(at)
         for images, labels in batches.create_tuple_iterator(num_epochs=1):
             self.beat.enter("train step")
-            data_s = self.watch.timer.data_ready()
+            data_s = self.watch.meter.data_ready()
             at = self._train_step(images, labels, at)
             self._report(at, data_s)
             if self._reached(at):
@@ -154,7 +150,7 @@ class Trainer:
             loss, step_s, data_s = watch.close_window(self.model.train_step.losses.read(), self.collectives)
             loss_scale.check_finite(self.model.scaler, self.model.train_step.finite_weights, loss, at.global_step)
         else:
-            step_s = watch.timer.step_done()
+            step_s = watch.meter.step_done()
         watch.record(watch.progress.step(at, loss, float(self.model.lrs[at.global_step - 1]), step_s, data_s))
         self.beat.step_done(at.epoch, at.step, at.global_step)
         self.beat.enter("data wait")
@@ -162,10 +158,9 @@ class Trainer:
     def _end_epoch(self, at: Position) -> Optional[dict]:
         """After an epoch's steps: save and evaluate when due; the epoch summary. The evaluation, or None."""
         complete = at.epoch_complete(self.steps_per_epoch)
-        if complete and self._due(at, self.cfg.save_every_epochs):
-            self._save(at)
         # The last epoch's evaluation is the final one, so its epoch summary can show it.
-        metrics = self._evaluate(at) if complete and self._due(at, self.cfg.eval_every_epochs) else None
+        metrics = self._save_and_evaluate(at, save=complete and self._due(at, self.cfg.save_every_epochs),
+                                          evaluate=complete and self._due(at, self.cfg.eval_every_epochs))
         loss = float(self.collectives.sum([self.watch.progress.epoch_loss()])[0]) / self.dist.world_size
         self.watch.record(self.watch.progress.end_epoch(loss, metrics))
         return metrics
@@ -178,18 +173,31 @@ class Trainer:
         if self.model.ema is not None:
             self.model.ema.synchronize(self.collectives)
 
+    def _save_and_evaluate(self, at: Position, *, save: bool, evaluate: bool) -> Optional[dict]:
+        """Save and/or evaluate the model at `at`, the ranks made one model once for both: the BatchNorm statistics
+        are gathered and the EMA synced once, and the best checkpoint can be the file just saved (`Saver.keep_best`
+        decides by position). The evaluation, or None."""
+        if save:
+            self.beat.enter("checkpoint save", nbytes=self._state_bytes)
+        elif evaluate:
+            self.beat.enter("evaluation", batches=self._eval_batches)
+        else:
+            return None
+        self._one_model()  # its collectives count toward the phase entered above
+        if save:
+            self._save(at)
+        return self._evaluate(at) if evaluate else None
+
     def _save(self, at: Position) -> None:
-        self.beat.enter("checkpoint save", nbytes=self._state_bytes)
-        self._one_model()
+        """Write this position's checkpoints (the EMA's, then the resumable one); after `_one_model`."""
         if self.model.ema is not None:
             self.saver.save_tagged("ema", self.model.ema.as_model_checkpoint(), at)
         self.saver.save(at)
         self.saved_at = at.global_step
 
     def _evaluate(self, at: Position) -> dict:
-        """Evaluate the model (and its EMA) on the whole Test split; keep the best checkpoint."""
+        """Evaluate the model (and its EMA) on the whole Test split; keep the best checkpoint. After `_one_model`."""
         self.beat.enter("evaluation", batches=self._eval_batches)
-        self._one_model()
         metrics = self._evaluate_net()
         self.saver.keep_best(at, metrics["accuracy"])
         if self.model.ema is not None:
@@ -199,8 +207,8 @@ class Trainer:
         return metrics
 
     def _evaluate_net(self) -> dict:
-        cfg, data = self.cfg, self.data
-        return evaluation.evaluate_split(self.model.net, data.test,
-                                         batch_size=cfg.eval_batch_size or data.per_rank_batch,
-                                         image_size=cfg.image_size, dist=self.dist, workers=data.workers,
-                                         collectives=self.collectives, num_classes=cfg.num_classes or len(data.classes))
+        data = self.data
+        return evaluation.evaluate_split(self.model.net, data.test, batch_size=data.eval_batch,
+                                         image_size=data.train_input.image_size, dist=self.dist,
+                                         workers=data.train_input.workers, collectives=self.collectives,
+                                         num_classes=data.num_classes)
