@@ -10,11 +10,11 @@ under STATE_PREFIX, declared by `LossScaler.state_parameters` and saved in check
 run continues with the scale it had.
 
 A fixed scale has no such rule, so an inf or NaN there is an error. Where float16 carries the
-gradients (`precision.LossScalePlan.checked`) every step checks them AND the loss: the loss on its own
-can be non-finite while the gradients are not (MindSpore 2.10's CPU SparseSoftmaxCrossEntropyWithLogits
-takes -log(softmax[label]) without log-sum-exp: a true-class logit 88 below the top one gives an inf
-loss and a finite softmax-minus-one-hot gradient), so checking the gradients alone lets an inf loss
-pass. A non-finite step is skipped in the graph, and so is every step after it, while the step number
+gradients (`precision.LossScalePlan.checked`) every step checks them AND the loss: a loss can be
+non-finite while its gradients are not (MindSpore 2.10's CPU SparseSoftmaxCrossEntropyWithLogits takes
+-log(softmax[label]) without log-sum-exp: a true-class logit 88 below the top one gives an inf loss and
+a finite softmax-minus-one-hot gradient; msdist's own loss, engine/loss.py, no longer does, but the check
+does not rest on any one loss), so checking the gradients alone would let an inf loss pass. A non-finite step is skipped in the graph, and so is every step after it, while the step number
 and the ranks where it happened stay in two sticky Parameters. Under float32 no scale can overflow,
 so no step pays for a check: instead `check_finite` reads, at the log steps where the host waits for
 the device anyway, the window's mean loss and whether the weights are all finite (a non-finite

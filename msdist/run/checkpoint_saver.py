@@ -121,7 +121,7 @@ class Saver:
             path = info.path
         else:
             path = resume
-        loaded = checkpoint.load(path, checkpoint.shapes_of(self.params))
+        loaded = checkpoint.load(path, checkpoint.shapes_of(self.params), resume=True)
         for param in self.params:  # `load` checked that names, shapes and dtypes are exactly these
             param.set_data(loaded["params"][param.name].data, param.sliced)  # as ms.load_param_into_net
         state = loaded["state"]
