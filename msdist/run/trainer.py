@@ -137,7 +137,7 @@ class Trainer:
 
     def _train_step(self, images, labels, at: Position) -> Position:
         """One optimizer step (and the EMA's update after it); queued on the device, no host sync."""
-        self.model.losses.add(self.model.train_step.train_on(images, labels))
+        self.model.train_step.train_on(images, labels)  # its loss is summed on the device (step.LossAccumulator)
         if self.model.ema is not None:
             self.model.ema()
         return at.advanced(self.steps_per_epoch)
@@ -147,8 +147,8 @@ class Trainer:
         watch = self.watch
         loss = None
         if watch.progress.is_log_step(at):  # the only host sync: it waits for the queued steps
-            loss_scale.check_finite(self.model.scaler)
-            loss, step_s, data_s = watch.close_window(self.model.losses.read(), self.collectives)
+            loss, step_s, data_s = watch.close_window(self.model.train_step.losses.read(), self.collectives)
+            loss_scale.check_finite(self.model.scaler, self.model.train_step.finite_weights, loss, at.global_step)
         else:
             step_s = watch.meter.step_done()
         watch.record(watch.progress.step(at, loss, float(self.model.lrs[at.global_step - 1]), step_s, data_s))
@@ -168,7 +168,7 @@ class Trainer:
     def _one_model(self) -> None:
         """Before weights are evaluated or written: stop a fixed-scale run that met an inf or NaN; without sync_bn
         each rank keeps its own BatchNorm statistics, so make them one model (--dist_bn)."""
-        loss_scale.check_finite(self.model.scaler)
+        loss_scale.check_finite(self.model.scaler, self.model.train_step.finite_weights)
         distributed.unify_bn_stats(self.model.net, self.collectives, self.cfg.dist_bn)
         if self.model.ema is not None:
             self.model.ema.synchronize(self.collectives)
