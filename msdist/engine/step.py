@@ -287,14 +287,7 @@ def bucket_gradients(net, split_after: Optional[Sequence[int]], world_size: int)
     Raises:
         ConfigError: an index at or past the model's trainable parameter count.
     """
-    sizes = buckets.parameter_sizes(net)
-    if split_after is None:
-        plan = buckets.plan_buckets(sizes)
-    else:
-        if split_after and split_after[-1] >= len(sizes):
-            raise ConfigError(f"--allreduce_fusion index {split_after[-1]} is past the model's last trainable "
-                              f"parameter (it has {len(sizes)}); use indices below {len(sizes)}, or auto")
-        plan = buckets.cut_after(sizes, split_after)
+    plan = buckets.plan(buckets.parameter_sizes(net), split_after)
     if world_size > 1:
         params = {p.name: p for p in net.trainable_params()}
         for number, bucket in enumerate(plan, start=1):
