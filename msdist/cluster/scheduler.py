@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from msdist.cluster import job
+from msdist.cluster import job, preemption
 
 _GRACE_AFTER_PARENT_S = 3.0
 _JOB_GONE_S = 3.0   # no worker connected and no sibling worker alive for this long: the job is over
@@ -125,6 +125,7 @@ def serve_job(port: int) -> int:
 
 
 if __name__ == "__main__":
+    preemption.unblock_all()  # a rank started us with its preemption signal blocked: SIGTERM must end us
     if os.environ.get(_CHILD_FLAG):
         _run_scheduler()
     else:

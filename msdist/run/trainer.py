@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from msdist.cluster import distributed
+from msdist.cluster import distributed, preemption
 from msdist.data import pipeline
 from msdist.engine import loss_scale, optim, reducers
 from msdist.run import checkpoint, config, evaluation, inference, monitor
@@ -44,6 +44,7 @@ class Outcome:
     timer: monitor.StepTimer
     newest: Optional[checkpoint.CheckpointInfo]
     ranks: dict                   # every rank's median step time and input-wait share (monitor.RankFigures)
+    preempted: bool = False       # stopped by --preempt_signal: saved at `position`, not evaluated
 
 
 class Trainer:
@@ -55,9 +56,11 @@ class Trainer:
         data, model: what `build.load_data` and `build.build_model` made.
         beat: this rank's heartbeat (msdist.cluster.heartbeat), told what the loop is doing.
         launch_kind: how the job was started (the progress bar is drawn only on a terminal).
+        listener: this rank's `preemption.Listener` (None: the run ignores preemption).
     """
 
-    def __init__(self, cfg, dist, collectives, data: Data, model: Model, beat, launch_kind: str):
+    def __init__(self, cfg, dist, collectives, data: Data, model: Model, beat, launch_kind: str,
+                 listener: Optional[preemption.Listener] = None):
         self.cfg, self.dist, self.collectives, self.data, self.model = cfg, dist, collectives, data, model
         self.steps_per_epoch = data.steps_per_epoch
         self.beat, self.launch_kind = beat, launch_kind
@@ -70,6 +73,8 @@ class Trainer:
                                                                 model.convention))
         self.watch: Optional[monitor.Watch] = None
         self.saved_at = 0
+        self.listener = listener
+        self.stop: Optional[preemption.Agreement] = None
         # What the stall watch scales a save's and an evaluation's allowance from.
         self._state_bytes = sum(p.nbytes for p in model.net.get_parameters()) + \
             sum(p.nbytes for p in state_parameters(model))
@@ -97,17 +102,36 @@ class Trainer:
                                         is_main=self.dist.is_main, world_size=self.dist.world_size,
                                         launch_kind=self.launch_kind, start_step=at.global_step, beat=self.beat)
         self.saved_at, metrics = at.global_step, None
+        self.stop = preemption.Agreement(self.listener, self.collectives, at.global_step)
         train_start = time.perf_counter()
-        while at.next_epoch(self.steps_per_epoch) < cfg.epochs and not self._reached(at):
+        while at.next_epoch(self.steps_per_epoch) < cfg.epochs and not self._reached(at) and not self._preempted:
             at = self._train_epoch(at)
-            metrics = self._end_epoch(at)
+            if at.epoch_complete(self.steps_per_epoch) or not self._preempted:
+                metrics = self._end_epoch(at)  # an epoch's end is on schedule, preempted there or not
         train_seconds = time.perf_counter() - train_start
+        if self._preempted:
+            return self._save_preempted(at, train_start, train_seconds)
         if at.global_step != self.saved_at:
             self._save(at)
         self.watch.close()
         metrics = metrics or self._evaluate(at)  # None when stopped by max_steps or resumed from a finished run
         return Outcome(at, metrics, train_start, train_seconds, self.watch.timer, self.saver.newest,
                        self.watch.ranks.summary())
+
+    @property
+    def _preempted(self) -> bool:
+        return self.stop.agreed_step is not None
+
+    def _save_preempted(self, at: Position, train_start: float, train_seconds: float) -> Outcome:
+        """Every rank agreed to stop at `at`: save the training state as it is, unless the schedule just did."""
+        if at.global_step != self.saved_at:
+            self._write(at)
+        self.watch.close()
+        _logger.warning("preempted: the ranks agreed on global step %d; checkpoint complete %.1f s after the "
+                        "signal; exiting with %d (requeue)", at.global_step,
+                        time.monotonic() - self.stop.requested_at, preemption.REQUEUE_EXIT)
+        return Outcome(at, {}, train_start, train_seconds, self.watch.timer, self.saver.newest,
+                       self.watch.ranks.summary(), preempted=True)
 
     def _reached(self, at: Position) -> bool:
         """Whether `--max_steps` (0 = no limit) stops training at this position."""
@@ -135,7 +159,7 @@ class Trainer:
             data_s = self.watch.timer.data_ready()
             at = self._train_step(images, labels, at)
             self._report(at, data_s)
-            if self._reached(at):
+            if self._reached(at) or self.stop.stop_at(at.global_step):
                 break
         return at
 
@@ -179,10 +203,18 @@ class Trainer:
             self.model.ema.synchronize(self.collectives)
 
     def _save(self, at: Position) -> None:
+        """A save on schedule: the ranks become one model first (--dist_bn, the EMA), then the files."""
         self.beat.enter("checkpoint save", nbytes=self._state_bytes)
         self._one_model()
         if self.model.ema is not None:
             self.saver.save_tagged("ema", self.model.ema.as_model_checkpoint(), at)
+        self._write(at)
+
+    def _write(self, at: Position) -> None:
+        """Write the resumable state as it is. Off schedule (a preemption) nothing else happens: making the ranks
+        one model there would change the training state, and the resumed run would differ from an uninterrupted one."""
+        self.beat.enter("checkpoint save", nbytes=self._state_bytes)
+        loss_scale.check_finite(self.model.scaler)  # never write weights a fixed scale has made inf or NaN
         self.saver.save(at)
         self.saved_at = at.global_step
 
