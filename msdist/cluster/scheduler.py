@@ -38,6 +38,8 @@ def _die_with_parent(sig: int) -> None:
 
 def _run_scheduler() -> None:
     _die_with_parent(signal.SIGKILL)
+    for sig in preemption.CANDIDATES:  # the ranks save through this scheduler after a preemption notice
+        signal.signal(sig, signal.SIG_IGN)
     import mindspore as ms
     from mindspore.communication import init
 
@@ -64,11 +66,13 @@ def _watch() -> int:
     deadline = []
 
     def parent_gone(*_):
-        if not deadline:
+        # A signal while the parent lives is a scheduler's preemption notice sent to every process of the
+        # job (Slurm signals a whole step): the ranks save through this scheduler, the parent ends it later.
+        if not deadline and os.getppid() != parent:
             deadline.append(time.monotonic() + _GRACE_AFTER_PARENT_S)
 
-    signal.signal(signal.SIGTERM, parent_gone)
-    signal.signal(signal.SIGINT, parent_gone)
+    for sig in (*preemption.CANDIDATES, signal.SIGINT):
+        signal.signal(sig, parent_gone)
     while child.poll() is None:
         if not deadline and os.getppid() != parent:
             parent_gone()
