@@ -7,21 +7,26 @@
 # so a finished run matches an uninterrupted one. Without OpenMPI the launcher does the same itself:
 #   LAUNCHER=msdist bash scripts/run_distribute_train.sh N --max_restarts 3 ...
 # Cost: each retry pays start-up again (~10-20 s on CPU) plus the steps since the last checkpoint.
+# Exit 200 is a preemption, not a failure: every rank saved at one agreed step; this script does not
+# retry in place (the allocation is going away) but exits 200 for the cluster to requeue the job.
 set -uo pipefail
 MAX_RESTARTS=${MAX_RESTARTS:-3}
+REQUEUE_EXIT=200   # msdist.cluster.preemption.REQUEUE_EXIT
 TRAIN="$(dirname "$0")/run_distribute_train.sh"
 
 bash "$TRAIN" "$@"
 status=$?
 for ((restart = 1; restart <= MAX_RESTARTS && status != 0; restart++)); do
-  if [ "$status" -eq 2 ]; then
-    break  # msdist: error: a bad option, config or data; running again cannot fix it
+  if [ "$status" -eq 2 ] || [ "$status" -eq "$REQUEUE_EXIT" ]; then
+    break  # a bad option, config or data (running again cannot fix it), or a preemption (requeue instead)
   fi
   echo "run_distribute_train_retry: job failed (exit $status); restart $restart of $MAX_RESTARTS with --resume auto" >&2
   bash "$TRAIN" "$@" --resume auto
   status=$?
 done
-if [ "$status" -ne 0 ]; then
+if [ "$status" -eq "$REQUEUE_EXIT" ]; then
+  echo "run_distribute_train_retry: preempted (exit $status): every rank saved; requeue the job" >&2
+elif [ "$status" -ne 0 ]; then
   echo "run_distribute_train_retry: FAILED (exit $status)" >&2
 fi
 exit "$status"

@@ -131,6 +131,9 @@ def test_sigterm_to_launch_saves_at_one_agreed_step_exits_for_requeue_and_resume
     assert f"preempted: every rank saved a checkpoint at global step {step} and exited with 200" in job.stderr()
     _assert_saved_at(job, step)
     assert job.leftovers() == []
+    # Rank 0's progress reaches the launcher's console; the other ranks' output goes to their files.
+    console = (tmp_path / "launch.launcher.out").read_text(encoding="utf-8")
+    assert "epoch 1/" in console and "step 5/" in console and "rank 1" not in console
     _resume_and_compare(tmp_path, job, reference, ["-n", "2"])
 
 

@@ -2,12 +2,14 @@
 
 Some processes that receive a pod's or a job's stop signal do not pass it on to the ranks they (indirectly)
 started: an MPIJob worker pod's PID 1 is sshd, whose SIGTERM never reaches the ranks that mpirun started
-through it, and msrun dies by SIGTERM while its workers, in their own sessions, hear nothing. The relay
-runs COMMAND as its child and stays PID 1. On the preemption signal (or SIGTERM, which is what Kubernetes
-sends) it sends the preemption signal to every `msdist.train` process below COMMAND, waits until they are
-gone (each saves at the agreed step and exits), gives COMMAND a few seconds to end by itself (mpirun,
-msrun), then stops it with SIGTERM (sshd) and exits with preemption.REQUEUE_EXIT. A second signal later than preemption.REPEAT_S is passed on again: the ranks stop
-at once. Without a signal it exits with COMMAND's status.
+through it; mpirun itself, sent SIGTERM, kills its ranks within seconds; msrun dies by SIGTERM while its
+workers, in their own sessions, hear nothing. The relay runs COMMAND as its child and stays PID 1. On the
+preemption signal, or SIGTERM (what Kubernetes sends), it sends the preemption signal to every
+`msdist.train` rank below COMMAND, and to mpirun when mpirun forwards that signal to all its ranks (SIGUSR2:
+the MPIJob launcher pod, whose ranks run on the workers). Once those are gone (the ranks saved at the
+agreed step) it gives COMMAND a few seconds to end by itself (mpirun, msrun), stops it with SIGTERM (sshd),
+and exits with preemption.REQUEUE_EXIT. A second signal, later than preemption.REPEAT_S, is passed on
+again: the ranks stop at once. Without a signal it exits with COMMAND's status.
 
 The ranks are found under COMMAND only (the process tree, /proc), never by name across the machine.
 """
@@ -26,6 +28,11 @@ from msdist.cluster.errors import ConfigError
 _POLL_S = 0.2
 _CHILD_GRACE_S = 5.0     # after the ranks left: time for COMMAND (mpirun, msrun) to end by itself
 _RANK_COMMAND = b"msdist.train"
+_MPIRUN = (b"mpirun", b"mpiexec", b"orterun")
+# What OpenMPI 4.1's mpirun passes on to every rank at once (ompi_info: ess_base_forward_signals). Sent
+# SIGTERM, it instead ends the job: SIGTERM to the ranks after odls_base_sigkill_timeout, SIGKILL after
+# that again (docs/cluster.md).
+MPIRUN_FORWARDS = (signal.SIGUSR2, signal.SIGALRM)
 
 
 def _parents() -> Dict[int, int]:
@@ -44,53 +51,59 @@ def _parents() -> Dict[int, int]:
     return found
 
 
-def ranks_below(root: int) -> List[int]:
-    """The live `msdist.train` processes in the process tree under `root`."""
+def targets_below(root: int, sig: signal.Signals) -> List[int]:
+    """The processes under `root` to pass `sig` on to: the `msdist.train` ranks, and mpirun itself when it
+    forwards `sig` to its ranks wherever they run (the MPIJob launcher pod, whose ranks are on the workers)."""
     parents = _parents()
     below, frontier = set(), {root}
     while frontier:
         frontier = {pid for pid, parent in parents.items() if parent in frontier} - below
         below |= frontier
-    return [pid for pid in sorted(below) if _is_rank(pid)]
+    return [pid for pid in sorted(below) if _is_target(_argv(pid), sig)]
 
 
-def _is_rank(pid: int) -> bool:
-    """A Python interpreter running `-m msdist.train` (mpirun's and msrun's own command lines hold those words too)."""
+def _argv(pid: int) -> List[bytes]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
+            return f.read().split(b"\0")
     except OSError:
-        return False
-    return os.path.basename(argv[0]).startswith(b"python") and argv[1:3] == [b"-m", _RANK_COMMAND]
+        return [b""]
+
+
+def _is_target(argv: List[bytes], sig: signal.Signals) -> bool:
+    program = os.path.basename(argv[0])
+    if program in _MPIRUN:  # its command line holds `-m msdist.train` too
+        return sig in MPIRUN_FORWARDS
+    return program.startswith(b"python") and argv[1:3] == [b"-m", _RANK_COMMAND]
 
 
 class _Relay:
     def __init__(self, sig: signal.Signals, command: List[str]):
         self.sig = sig
         self.child = subprocess.Popen(command)
-        self.requests: List[float] = []
+        self.told: set = set()
 
     def on_signal(self, signum, _frame) -> None:
-        self.requests.append(time.monotonic())
-        ranks = ranks_below(self.child.pid)
-        print(f"msdist.relay: {signal.Signals(signum).name}: passing {self.sig.name} on to ranks {ranks}",
+        targets = targets_below(self.child.pid, self.sig)
+        print(f"msdist.relay: {signal.Signals(signum).name}: passing {self.sig.name} on to processes {targets}",
               file=sys.stderr, flush=True)
-        for pid in ranks:
+        for pid in targets:
             try:
                 os.kill(pid, self.sig)
             except ProcessLookupError:
                 pass
+        self.told |= set(targets) or {-1}   # -1: asked, with nothing below to tell
 
     def run(self) -> int:
-        ranks_gone = None
+        gone_at = None
         while self.child.poll() is None:
-            if self.requests and not ranks_below(self.child.pid):
-                ranks_gone = ranks_gone or time.monotonic()
-                if time.monotonic() - ranks_gone > _CHILD_GRACE_S:
+            if self.told and not any(os.path.exists(f"/proc/{pid}") for pid in self.told if pid > 0):
+                gone_at = gone_at or time.monotonic()
+                if time.monotonic() - gone_at > _CHILD_GRACE_S:
                     self.child.terminate()  # sshd stays up by itself; mpirun and msrun left on their own
                     self.child.wait()
             time.sleep(_POLL_S)
-        return preemption.REQUEUE_EXIT if self.requests else self.child.returncode
+        return preemption.REQUEUE_EXIT if self.told else self.child.returncode
 
 
 def _parse(argv: Optional[List[str]]):
