@@ -112,6 +112,16 @@ class Job:
         return {k: v.asnumpy() for k, v in ms.load_checkpoint(info.path).items() if hasattr(v, "asnumpy")}
 
 
+def assert_same_final_params(job, reference) -> None:
+    """Both ranks of `job` end with exactly the parameters (and training state) of the uninterrupted `reference`."""
+    assert reference.wait() == 0, reference.stderr()
+    for rank in (0, 1):
+        got, want = job.final_params(rank), reference.final_params(rank)
+        assert sorted(got) == sorted(want)
+        different = [name for name in want if not np.array_equal(got[name], want[name])]
+        assert not different, f"rank {rank}: {len(different)} parameters differ, e.g. {different[:3]}"
+
+
 def _tagged_pids(tag) -> list:
     needle = f"MSDIST_TEST_TAG={tag}".encode()
     found = []
@@ -384,13 +394,7 @@ def test_kill9_is_named_fast_and_restart_resumes_exactly(tmp_path, background_jo
     assert "sha256 mismatch" in log and "resnet_tiny_rank1-2_" in log  # the corrupt one was skipped, by name
     assert "resumed from" in log and "global step 12" in log           # ...and the ranks agreed on epoch 1
 
-    reference = background_jobs["reference"]
-    assert reference.wait() == 0, reference.stderr()
-    for rank in (0, 1):
-        got, want = job.final_params(rank), reference.final_params(rank)
-        assert sorted(got) == sorted(want)
-        different = [name for name in want if not np.array_equal(got[name], want[name])]
-        assert not different, f"rank {rank}: {len(different)} parameters differ, e.g. {different[:3]}"
+    assert_same_final_params(job, background_jobs["reference"])
 
 
 @pytest.mark.multiprocess
