@@ -477,7 +477,8 @@ class Saver:
         self.newest: Optional[CheckpointInfo] = None
         self._saved_model: Optional[tuple] = None   # (global step, model digest) of this Saver's newest save
 
-    def _state(self, at: Position) -> Dict:
+    def state(self, at: Position) -> Dict:
+        """What every checkpoint of this run records of position `at` (and the config hash)."""
         return {"epoch": at.epoch, "step": at.step, "global_step": at.global_step, "config_hash": self.config_hash}
 
     def save(self, at: Position) -> CheckpointInfo:
@@ -485,7 +486,7 @@ class Saver:
         from msdist.cluster.distributed import check_replicas_identical
         check_replicas_identical(self.collectives, self.net, f"at epoch {at.epoch} step {at.step}")
         self.newest = save([{"name": p.name, "data": p} for p in self.params], self.directory, self.prefix,
-                           self.rank, self._state(at), self.meta)
+                           self.rank, self.state(at), self.meta)
         self._saved_model = (at.global_step, self._model_digest())
         self._share_with_rank0(self.newest.path)
         prune(self.directory, self.prefix, self.rank, self.keep)
@@ -499,7 +500,7 @@ class Saver:
             self._saved_model[1] == self._model_digest()
         saved = self.newest.path if unchanged else None
         better = keep_best([{"name": p.name, "data": p} for p in self.net.get_parameters()], self.directory,
-                           self.prefix, self.rank, self._state(at), accuracy, self.meta, saved=saved)
+                           self.prefix, self.rank, self.state(at), accuracy, self.meta, saved=saved)
         self._share_with_rank0(best_path(self.directory, self.prefix, self.rank) if better else None)
         if better:
             _logger.info("best accuracy so far (%.4f at epoch %d): saved %s", accuracy, at.epoch,
@@ -509,7 +510,7 @@ class Saver:
     def save_tagged(self, tag: str, params: List[dict], at: Position) -> str:
         """Write `params` as this rank's `{prefix}_rank{r}_{tag}.ckpt` (e.g. the EMA weights); return its path."""
         path = tagged_path(self.directory, self.prefix, self.rank, tag)
-        save_as(params, path, self._state(at), self.meta)
+        save_as(params, path, self.state(at), self.meta)
         self._share_with_rank0(path)
         return path
 

@@ -21,6 +21,7 @@ from msdist.cluster import distributed, preemption
 from msdist.data import pipeline
 from msdist.engine import loss_scale, optim, reducers
 from msdist.run import checkpoint, config, evaluation, inference, monitor
+from msdist.run.background_save import BackgroundSaver
 from msdist.run.build import Data, Model, checkpoint_place
 from msdist.run.position import Position
 
@@ -71,6 +72,7 @@ class Trainer:
                                       net=model.net, train_state=state_parameters(model), collectives=collectives,
                                       meta=inference.model_meta(cfg.model, num_classes, cfg.image_size, data.classes,
                                                                 model.convention))
+        self.background = BackgroundSaver(self.saver, collectives)   # --save_every_steps
         self.watch: Optional[monitor.Watch] = None
         self.saved_at = 0
         self.listener = listener
@@ -113,6 +115,7 @@ class Trainer:
             return self._save_preempted(at, train_start, train_seconds)
         if at.global_step != self.saved_at:
             self._save(at)
+        self.background.wait()
         self.watch.close()
         metrics = metrics or self._evaluate(at)  # None when stopped by max_steps or resumed from a finished run
         return Outcome(at, metrics, train_start, train_seconds, self.watch.timer, self.saver.newest,
@@ -126,6 +129,7 @@ class Trainer:
         """Every rank agreed to stop at `at`: save the training state as it is, unless the schedule just did."""
         if at.global_step != self.saved_at:
             self._write(at)
+        self.background.wait()
         self.watch.close()
         _logger.warning("preempted: the ranks agreed on global step %d; checkpoint complete %.1f s after the "
                         "signal; exiting with %d (requeue)", at.global_step,
@@ -159,6 +163,7 @@ class Trainer:
             data_s = self.watch.timer.data_ready()
             at = self._train_step(images, labels, at)
             self._report(at, data_s)
+            self._save_by_steps(at)
             if self._reached(at) or self.stop.stop_at(at.global_step):
                 break
         return at
@@ -183,6 +188,18 @@ class Trainer:
         self.beat.step_done(at.epoch, at.step, at.global_step)
         self.beat.enter("data wait")
 
+    def _save_by_steps(self, at: Position) -> None:
+        """Every --save_every_steps steps, off schedule: the loop waits for the in-memory copy only."""
+        every = self.cfg.save_every_steps
+        if not every or at.global_step % every or \
+                at.epoch_complete(self.steps_per_epoch) and self._due(at, self.cfg.save_every_epochs):
+            return  # the epoch's own save follows at once
+        self.beat.enter("checkpoint save", nbytes=self._state_bytes)
+        loss_scale.check_finite(self.model.scaler)
+        waited = self.background.save(at)
+        _logger.info("save by steps at global step %d: the loop waited %.3f s (copy)", at.global_step, waited)
+        self.beat.enter("data wait")
+
     def _end_epoch(self, at: Position) -> Optional[dict]:
         """After an epoch's steps: save and evaluate when due; the epoch summary. The evaluation, or None."""
         complete = at.epoch_complete(self.steps_per_epoch)
@@ -205,6 +222,7 @@ class Trainer:
     def _save(self, at: Position) -> None:
         """A save on schedule: the ranks become one model first (--dist_bn, the EMA), then the files."""
         self.beat.enter("checkpoint save", nbytes=self._state_bytes)
+        self.background.wait()  # at most one write in flight
         self._one_model()
         if self.model.ema is not None:
             self.saver.save_tagged("ema", self.model.ema.as_model_checkpoint(), at)
@@ -215,12 +233,16 @@ class Trainer:
         one model there would change the training state, and the resumed run would differ from an uninterrupted one."""
         self.beat.enter("checkpoint save", nbytes=self._state_bytes)
         loss_scale.check_finite(self.model.scaler)  # never write weights a fixed scale has made inf or NaN
+        self.background.wait()  # at most one write in flight; the next prune counts its file
+        began = time.perf_counter()
         self.saver.save(at)
+        _logger.info("blocking save at global step %d took %.3f s", at.global_step, time.perf_counter() - began)
         self.saved_at = at.global_step
 
     def _evaluate(self, at: Position) -> dict:
         """Evaluate the model (and its EMA) on the whole Test split; keep the best checkpoint."""
         self.beat.enter("evaluation", batches=self._eval_batches)
+        self.background.wait()  # keep_best may link the newest checkpoint
         self._one_model()
         metrics = self._evaluate_net()
         self.saver.keep_best(at, metrics["accuracy"])
