@@ -18,8 +18,9 @@ setup(
     # safetensors: --pretrained reads timm's and torchvision's .safetensors files (NumPy, no torch).
     install_requires=["mindspore", "numpy", "scipy", "pillow", "pyyaml", "safetensors"],
     extras_require={
-        # tensorboard: its event reader checks our files; onnxruntime: runs the exported ONNX model
-        "test": ["pytest", "hypothesis", "tensorboard", "onnxruntime"],
+        # tensorboard: its event reader checks our files; onnxruntime: runs the exported ONNX model;
+        # import-linter: the layer contracts in .importlinter (tests/test_layout.py)
+        "test": ["pytest", "hypothesis", "tensorboard", "onnxruntime", "import-linter"],
         "tensorboard": ["tensorboardX"],
         "report": ["matplotlib"],
         # The references, never runtime dependencies (`pip install torch` can pull the multi-GB CUDA build):

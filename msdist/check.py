@@ -17,9 +17,10 @@ import socket
 import sys
 import tempfile
 
+from msdist.base import launch_env
+from msdist.base.cli import cli_main
+from msdist.base.errors import UserError, alike_on_every_rank
 from msdist.cluster import device, distributed, heartbeat, job, runtime
-from msdist.cluster.cli import cli_main
-from msdist.cluster.errors import UserError, alike_on_every_rank
 from msdist.run import checkpoint, config, monitor, startup
 
 
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
 
 def plan_main(argv) -> int:
     """`--plan`: print this rank's plan, MindSpore-free; refuse (UserError, exit 2) what is known to fail."""
-    launch = job.detect_launch()
+    launch = launch_env.detect_launch()
     if launch.kind == "scheduler":  # msrun starts the command once more as its scheduler
         print(f"[scheduler] {launch.launcher}'s scheduler process (MS_ROLE=MS_SCHED): msdist serves as MindSpore's "
               f"scheduler for {launch.world_size} workers; no device, no rank", flush=True)
@@ -80,12 +81,12 @@ def plan_main(argv) -> int:
     return 0
 
 
-def plan_fields(cfg, launch: job.LaunchEnv, probe: device.GpuProbe, chosen: device.DevicePlan):
+def plan_fields(cfg, launch: launch_env.LaunchEnv, probe: device.GpuProbe, chosen: device.DevicePlan):
     """(name, value) pairs of one rank's plan, in the order they are printed."""
     target = chosen.target
     nodes = -(-launch.world_size // max(launch.local_world_size, 1))
     sets, clears = job.ms_variables(launch, target, os.environ)
-    yield "launcher", f"{launch.launcher or 'none'} ({launch.kind}); rank source: {job.RANK_SOURCES[launch.launcher]}"
+    yield "launcher", f"{launch.launcher or 'none'} ({launch.kind}); rank source: {launch_env.RANK_SOURCES[launch.launcher]}"
     yield "rank", f"{launch.rank} of {launch.world_size}, local rank {launch.local_rank} of " \
                   f"{launch.local_world_size}, node {socket.gethostname()} (one of {nodes})"
     yield "host", f"NVIDIA hardware {'yes' if probe.nvidia_present else 'no'}, {probe.visible_devices} GPU(s) visible " \
@@ -99,7 +100,7 @@ def plan_fields(cfg, launch: job.LaunchEnv, probe: device.GpuProbe, chosen: devi
     yield from _paths(cfg, launch, target)
 
 
-def _backend(launch: job.LaunchEnv, target: str) -> str:
+def _backend(launch: launch_env.LaunchEnv, target: str) -> str:
     if launch.world_size == 1:
         return "none (one process, no communication)"
     backend = job.backend_for(target)
@@ -110,7 +111,7 @@ def _backend(launch: job.LaunchEnv, target: str) -> str:
     return f"{backend} through MindSpore's dynamic cluster, as {launch.launcher} set it up"
 
 
-def _paths(cfg, launch: job.LaunchEnv, target: str):
+def _paths(cfg, launch: launch_env.LaunchEnv, target: str):
     log_dir = os.path.join(cfg.output_dir, "logs")
     yield "output", cfg.output_dir
     yield "log", monitor.log_path(log_dir, launch.rank)

@@ -7,8 +7,8 @@ over exactly the Test set, whatever the world size.
 import os
 import time
 
+from msdist.base.cli import cli_main
 from msdist.cluster import runtime
-from msdist.cluster.cli import cli_main
 from msdist.data import pipeline, plan
 from msdist.run import build, config, evaluation, monitor, startup
 

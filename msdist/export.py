@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from msdist.cluster.cli import cli_main
+from msdist.base.cli import cli_main
 from msdist.run import inference, startup
 
 SUFFIXES = {"MINDIR": ".mindir", "ONNX": ".onnx"}

@@ -1,15 +1,17 @@
 """`python -m msdist.launch -n N [launcher options] [train options]`: start and supervise a job.
 
-Every option the launcher does not know goes to msdist.train. The options are checked here, once,
+Every option the launcher does not know goes to msdist.train; the launcher reads the stall options
+(`--stall_*`, msdist.cluster.stall) from those train options too. The options are checked here, once,
 before any rank starts; msdist.cluster.supervisor does the rest (spawn, watch, stop, restart).
 """
 import os
 import sys
 from typing import List, Optional
 
+from msdist.base.cli import cli_main
+from msdist.base.errors import ConfigError
 from msdist.cluster import preemption
-from msdist.cluster.cli import cli_main
-from msdist.cluster.errors import ConfigError
+from msdist.cluster.stall import StallPolicy
 from msdist.cluster.supervisor import Plan, run, show_plan
 from msdist.run import config, startup
 
@@ -27,10 +29,6 @@ def _build_parser() -> config.ArgumentParser:
                    "[a free port]")
     p.add_argument("--max_restarts", type=int, default=0, help="restart all ranks with --resume auto after a "
                    "failure, up to this many times [0]")
-    p.add_argument("--heartbeat_timeout", type=float, default=120.0, help="seconds without a heartbeat after "
-                   "which a training rank counts as stalled [120]")
-    p.add_argument("--startup_timeout", type=float, default=600.0, help="the same limit before a rank's first "
-                   "training step, while MindSpore's cluster init and compiler may hold the Python lock [600]")
     p.add_argument("--plan", action="store_true", help="print what each local rank would do (python -m msdist.check "
                    "--plan with that rank's variables) and start nothing")
     p.add_argument("--host_root", default="/", help="with --plan: read the GPU facts (/dev/nvidia*, /proc/driver/"
@@ -46,6 +44,7 @@ def parse_args(argv: Optional[List[str]] = None) -> Plan:
     """
     parser = _build_parser()
     ns, train_args = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    train_args = config.renamed_to_current(train_args)  # the ranks get the current names: one notice, here
     if ns.nproc_per_node < 1:
         raise ConfigError(f"-n {ns.nproc_per_node}: need at least one rank per node")
     if ns.nnodes < 1 or not 0 <= ns.node_rank < ns.nnodes:
@@ -55,14 +54,14 @@ def parse_args(argv: Optional[List[str]] = None) -> Plan:
                           "--master_port, the same on every node")
     if not 0 <= ns.master_port < 65536:
         raise ConfigError(f"--master_port {ns.master_port} is not a TCP port")
-    if ns.max_restarts < 0 or ns.heartbeat_timeout <= 0 or ns.startup_timeout <= 0:
-        raise ConfigError("--max_restarts must be >= 0, --heartbeat_timeout and --startup_timeout > 0")
+    if ns.max_restarts < 0:
+        raise ConfigError(f"--max_restarts {ns.max_restarts} must be >= 0")
     # Fail here, once, rather than in N ranks; a mistyped launcher option gets its did-you-mean too.
     launcher_options = [o[2:] for o in parser._option_string_actions if o.startswith("--")]  # pylint: disable=protected-access
     cfg = config.parse(train_args, suggest_also=launcher_options)
     startup.run_checks(cfg, ns.nproc_per_node * ns.nnodes, startup.OPTION_CHECKS)
     return Plan(ns.nproc_per_node, ns.nnodes, ns.node_rank, ns.master_addr or "127.0.0.1", ns.master_port,
-                ns.max_restarts, ns.heartbeat_timeout, ns.startup_timeout, list(train_args),
+                ns.max_restarts, StallPolicy.from_options(vars(cfg)), list(train_args),
                 os.path.abspath(cfg.output_dir), cfg.data_dir, ns.plan, ns.host_root,
                 preemption.parse_signal(cfg.preempt_signal))
 

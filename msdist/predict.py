@@ -12,8 +12,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from msdist.cluster.cli import cli_main
-from msdist.cluster.errors import ConfigError
+from msdist.base.cli import cli_main
+from msdist.base.errors import ConfigError
 from msdist.run import inference, startup
 from msdist.run.config import boolean
 

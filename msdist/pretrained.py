@@ -8,7 +8,7 @@ on every node of a cluster job needs MindSpore alone (no torch, no safetensors) 
 import sys
 from typing import Optional, Sequence
 
-from msdist.cluster.cli import cli_main
+from msdist.base.cli import cli_main
 from msdist.run.config import ArgumentParser
 
 

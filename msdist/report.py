@@ -17,8 +17,8 @@ from typing import List, Optional, Sequence
 
 import yaml
 
-from msdist.cluster.cli import cli_main
-from msdist.cluster.errors import ConfigError, DataError
+from msdist.base.cli import cli_main
+from msdist.base.errors import ConfigError, DataError
 from msdist.run.config import ArgumentParser
 from msdist.run.monitor import METRICS_FILE, format_duration
 

@@ -13,9 +13,9 @@ from msdist.cluster import preemption
 if __name__ == "__main__":  # first, before an import starts a thread (numpy's OpenBLAS pool): preemption.Listener
     preemption.hold_candidates()
 
-from msdist.cluster import heartbeat, runtime, watchdog  # noqa: E402 pylint: disable=wrong-import-position
-from msdist.cluster.cli import cli_main
-from msdist.cluster.errors import ConfigError
+from msdist.base.cli import cli_main  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.base.errors import ConfigError  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.cluster import heartbeat, runtime, stall, watchdog  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.run import build, config, monitor, startup
 
 _logger = logging.getLogger("msdist.train")
@@ -63,7 +63,7 @@ def train(started: startup.Started) -> int:
     # Before any other thread starts: they inherit the blocked preemption signal.
     listener = preemption.Listener(preemption.parse_signal(cfg.preempt_signal))
     # Beats from before cluster init, so a rank stuck there is seen too.
-    beat = watchdog.watch_this_rank(log_dir, launch, cfg.stall_timeout)
+    beat = watchdog.watch_this_rank(log_dir, launch, stall.StallPolicy.from_options(vars(cfg)))
     dist, collectives = startup.join(started, log_dir)
     heartbeat.dump_stacks_on_signal(watchdog.rank_log(log_dir, dist.rank))
     from msdist.cluster import distributed  # loads MindSpore

@@ -54,11 +54,11 @@ def run_msdist(module: str, args: list, ranks: int = 1, timeout: int = 300, chec
 
 def msrun(tmp_path, train_args: list) -> tuple:
     """(command, env) for MindSpore's msrun starting 2 local workers of `python -m msdist.train train_args`."""
-    from msdist.cluster import job
+    from msdist.cluster import rendezvous
     env = base_env()
     # msrun runs a binary only when it is named python, python3 or pytest: this interpreter comes first on PATH
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    cmd = ["msrun", "--worker_num", "2", "--local_worker_num", "2", "--master_port", str(job.free_port()),
+    cmd = ["msrun", "--worker_num", "2", "--local_worker_num", "2", "--master_port", str(rendezvous.free_port()),
            "--join", "True", "--log_dir", str(tmp_path / "msrun_logs"), "python3", "-m", "msdist.train",
            *map(str, train_args)]
     return cmd, env

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import checkpoints, load_params, run_msdist, tiny_args
-from msdist.cluster.errors import ConfigError
+from msdist.base.errors import ConfigError
 from msdist.engine import precision
 from msdist.run import config
 
@@ -86,7 +86,7 @@ def test_fixed_scale_under_o2_stops_on_a_batch_holding_inf_before_the_weights_ch
     log steps and before writing weights, then names the step and the rank in one line."""
     import mindspore as ms
     from mindspore import nn
-    from msdist.cluster.errors import NonFiniteError
+    from msdist.base.errors import NonFiniteError
     from msdist.engine import loss_scale, optim, step
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")

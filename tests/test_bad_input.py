@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from conftest import REAL_DATA, TINY_CONFIG, run_msdist
+from msdist.base.errors import CheckpointError, ConfigError, DataError
 from msdist.cluster.distributed import Collectives
-from msdist.cluster.errors import CheckpointError, ConfigError, DataError
 from msdist.data import check, pipeline
 from msdist.run import config
 

@@ -1,4 +1,4 @@
-"""msdist.cluster.job: launch detection, backend decisions, addresses, for every launcher (devices: test_device.py).
+"""msdist.base.launch_env, msdist.cluster.job and .rendezvous: launch detection, backend decisions, addresses, for every launcher (devices: test_device.py).
 
 These are pure functions (environment in, decision out): the GPU and Slurm paths cannot run here,
 so their logic is checked against the variables each launcher really sets (MindSpore 2.10's msrun:
@@ -13,8 +13,9 @@ import time
 import pytest
 
 from conftest import REPO, base_env
-from msdist.cluster import job
-from msdist.cluster.errors import ConfigError
+from msdist.base import launch_env
+from msdist.base.errors import ConfigError
+from msdist.cluster import job, rendezvous
 
 MPI = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
        "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_MCA_ess_base_jobid": "77"}
@@ -34,65 +35,65 @@ def fields(launch):
 # ---------------------------------------------------------------- detect_launch, one test per launcher
 
 def test_standalone():
-    assert fields(job.detect_launch({})) == ("standalone", 0, 1, 0, 1)
+    assert fields(launch_env.detect_launch({})) == ("standalone", 0, 1, 0, 1)
 
 
 def test_mpirun():
-    mpi = job.detect_launch(MPI)
+    mpi = launch_env.detect_launch(MPI)
     assert fields(mpi) + (mpi.job_id,) == ("mpirun", 3, 4, 1, 2, "77")
 
 
 def test_msdist_launch_worker():
     env = {"MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "4", "MS_NODE_ID": "3", "MSDIST_LOCAL_RANK": "1",
            "MSDIST_LOCAL_WORLD_SIZE": "2"}
-    launch = job.detect_launch(env)
+    launch = launch_env.detect_launch(env)
     assert fields(launch) == ("cluster", 3, 4, 1, 2) and launch.launcher == "msdist.launch"
 
 
 def test_msrun_worker_takes_local_rank_from_device_id_and_local_size_from_msrun():
-    launch = job.detect_launch(MSRUN_WORKER, parent=MSRUN_ARGV)
+    launch = launch_env.detect_launch(MSRUN_WORKER, parent=MSRUN_ARGV)
     assert fields(launch) == ("cluster", 1, 4, 1, 2) and launch.launcher == "msrun"
     # One node (msrun's default --local_worker_num equals --worker_num): every rank is local.
-    assert job.detect_launch(MSRUN_WORKER, parent=["msrun", "--worker_num", "4"]).local_world_size == 4
-    assert job.msrun_local_worker_num(["msrun", "--local_worker_num", "8"]) == 8
+    assert launch_env.detect_launch(MSRUN_WORKER, parent=["msrun", "--worker_num", "4"]).local_world_size == 4
+    assert launch_env.msrun_local_worker_num(["msrun", "--local_worker_num", "8"]) == 8
 
 
 def test_msrun_scheduler_role_is_not_standalone():
     env = {"MS_ROLE": "MS_SCHED", "MS_WORKER_NUM": "2", "MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": "8118",
            "RANK_ID": "0", "RANK_SIZE": "2"}
-    launch = job.detect_launch(env)
+    launch = launch_env.detect_launch(env)
     assert (launch.kind, launch.world_size, launch.launcher) == ("scheduler", 2, "msrun")
 
 
 def test_srun_tasks_form_one_job():
-    launch = job.detect_launch(SRUN)
+    launch = launch_env.detect_launch(SRUN)
     assert fields(launch) + (launch.job_id,) == ("slurm", 5, 8, 1, 4, "4242.0")
     # Without SLURM_NTASKS_PER_NODE, Slurm's compact per-node list gives the count.
     env = {k: v for k, v in SRUN.items() if k != "SLURM_NTASKS_PER_NODE"}
-    assert job.detect_launch({**env, "SLURM_TASKS_PER_NODE": "4(x2)"}).local_world_size == 4
+    assert launch_env.detect_launch({**env, "SLURM_TASKS_PER_NODE": "4(x2)"}).local_world_size == 4
 
 
 def test_batch_script_without_srun_stays_standalone():
     batch = {k: v for k, v in SRUN.items() if k != "SLURM_STEP_ID"}
     batch["SLURM_PROCID"] = "0"
-    assert job.detect_launch(batch).kind == "standalone"
+    assert launch_env.detect_launch(batch).kind == "standalone"
 
 
 def test_mpirun_inside_a_slurm_allocation_is_mpirun():
-    assert job.detect_launch({**SRUN, **MPI}).kind == "mpirun"
+    assert launch_env.detect_launch({**SRUN, **MPI}).kind == "mpirun"
 
 
 def test_launcher_worker_inside_srun_is_the_launchers():
     env = {**SRUN, "MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "8", "MS_NODE_ID": "6", "MSDIST_LOCAL_RANK": "2",
            "MSDIST_LOCAL_WORLD_SIZE": "4"}
-    assert fields(job.detect_launch(env)) == ("cluster", 6, 8, 2, 4)
+    assert fields(launch_env.detect_launch(env)) == ("cluster", 6, 8, 2, 4)
 
 
 # ---------------------------------------------------------------- bridge, backend, MPI path
 
 def test_bridge_and_backend_per_launcher():
-    mpi, srun, msrun = (job.detect_launch(MPI), job.detect_launch(SRUN),
-                        job.detect_launch(MSRUN_WORKER, parent=MSRUN_ARGV))
+    mpi, srun, msrun = (launch_env.detect_launch(MPI), launch_env.detect_launch(SRUN),
+                        launch_env.detect_launch(MSRUN_WORKER, parent=MSRUN_ARGV))
     assert job.backend_for("GPU") == "nccl" and job.backend_for("CPU") == "mccl"
     # mpirun: GPU keeps MindSpore's own OpenMPI path; CPU bridges to the dynamic cluster.
     assert job.needs_cluster_bridge(mpi, "CPU") and not job.needs_cluster_bridge(mpi, "GPU")
@@ -102,29 +103,29 @@ def test_bridge_and_backend_per_launcher():
 
 
 def test_gpu_mpirun_path_clears_dynamic_cluster_variables():
-    mpi = job.detect_launch(MPI)
+    mpi = launch_env.detect_launch(MPI)
     exported = {**MPI, "MS_SCHED_HOST": "node0", "MS_SCHED_PORT": "29500"}
     assert job.vars_to_clear(mpi, "GPU", exported) == ["MS_SCHED_HOST", "MS_SCHED_PORT"]
     assert job.vars_to_clear(mpi, "CPU", exported) == []          # the CPU bridge needs them
-    assert job.vars_to_clear(job.detect_launch(SRUN), "GPU", {**SRUN, "MS_SCHED_HOST": "x"}) == []
+    assert job.vars_to_clear(launch_env.detect_launch(SRUN), "GPU", {**SRUN, "MS_SCHED_HOST": "x"}) == []
 
 
 def test_mpi_finalize_only_where_mindspore_initialized_mpi():
-    assert job.should_finalize_mpi(job.detect_launch(MPI), "GPU")
-    assert not job.should_finalize_mpi(job.detect_launch(MPI), "CPU")   # bridge: MPI never initialized
+    assert job.should_finalize_mpi(launch_env.detect_launch(MPI), "GPU")
+    assert not job.should_finalize_mpi(launch_env.detect_launch(MPI), "CPU")   # bridge: MPI never initialized
     for env in ({}, SRUN, MSRUN_WORKER):
-        assert not job.should_finalize_mpi(job.detect_launch(env, parent=MSRUN_ARGV), "GPU")
+        assert not job.should_finalize_mpi(launch_env.detect_launch(env, parent=MSRUN_ARGV), "GPU")
 
 
 def test_bridge_address_per_launcher():
-    srun = job.detect_launch(SRUN)
+    srun = launch_env.detect_launch(SRUN)
     host, port = job.bridge_address(srun, SRUN)
     assert host == "10.1.2.3" and 20000 <= port < 30000
     assert port == job.bridge_address(srun, dict(SRUN))[1]  # every task computes the same port
-    other_step = job.detect_launch({**SRUN, "SLURM_STEP_ID": "1"})
+    other_step = launch_env.detect_launch({**SRUN, "SLURM_STEP_ID": "1"})
     assert job.bridge_address(other_step, SRUN)[1] != port
     assert job.bridge_address(srun, {**SRUN, "MS_SCHED_HOST": "n0", "MS_SCHED_PORT": "29500"}) == ("n0", 29500)
-    mpi = job.detect_launch(MPI)
+    mpi = launch_env.detect_launch(MPI)
     assert job.bridge_address(mpi, MPI) == ("127.0.0.1", None)  # rank 0 picks and publishes a port
     assert job.bridge_address(mpi, {**MPI, "MS_SCHED_HOST": "n0", "MS_SCHED_PORT": "1"}) == ("n0", 1)
 
@@ -139,15 +140,15 @@ def test_shared_host_names_are_found():
 # ---------------------------------------------------------------- addresses
 
 def test_host_names_resolve_to_an_ip():
-    assert job.resolve_host("127.0.0.1", "--master_addr") == "127.0.0.1"
-    assert job.resolve_host("localhost", "--master_addr") == "127.0.0.1"
-    assert job.resolve_host(socket.gethostname(), "MS_SCHED_HOST").count(".") == 3
+    assert rendezvous.resolve_host("127.0.0.1", "--master_addr") == "127.0.0.1"
+    assert rendezvous.resolve_host("localhost", "--master_addr") == "127.0.0.1"
+    assert rendezvous.resolve_host(socket.gethostname(), "MS_SCHED_HOST").count(".") == 3
 
 
 def test_unresolvable_host_name_is_one_line_within_seconds():
     began = time.monotonic()
     with pytest.raises(ConfigError) as e:
-        job.resolve_host("no-such-host.invalid", "--master_addr")
+        rendezvous.resolve_host("no-such-host.invalid", "--master_addr")
     assert time.monotonic() - began < 10
     assert "--master_addr 'no-such-host.invalid' does not resolve" in str(e.value) and "\n" not in str(e.value)
 
@@ -190,29 +191,29 @@ def test_scheduler_verdict_names_the_timed_out_rank(tmp_path):
     log.write_text("[WARNING] DISTRIBUTED ... Cluster currently has 2 alive nodes.\n"
                    "msdist.scheduler: MindSpore's scheduler failed: The total number of timed out node is 1. Timed "
                    "out node list is: [const vector]{1}, worker 1 is the first one timed out, please check its log.\n")
-    verdict = job.scheduler_verdict(str(log))
+    verdict = rendezvous.scheduler_verdict(str(log))
     assert verdict.startswith("MindSpore's scheduler failed:")
-    assert job.describe_timeout(verdict).startswith("rank 1 stopped responding")
-    assert job.describe_timeout("exit code 1") == ""
-    assert job.scheduler_verdict(str(tmp_path / "missing.log")) == ""
+    assert rendezvous.describe_timeout(verdict).startswith("rank 1 stopped responding")
+    assert rendezvous.describe_timeout("exit code 1") == ""
+    assert rendezvous.scheduler_verdict(str(tmp_path / "missing.log")) == ""
 
 
 def test_crash_line_skips_mindspores_rulers_and_names_the_rank():
-    from msdist.cluster.errors import first_line
+    from msdist.base.errors import first_line
     message = "\n----------------------------------------------------\n- Kernel error:\n" \
               "----------------------------------------------------\nLaunch kernel failed: Default/AllReduce-op0\n"
     assert first_line(message) == "Launch kernel failed: Default/AllReduce-op0"
-    assert job.rank_label(MPI) == " (rank 3)" and job.rank_label({}) == ""
-    assert job.node_timeout_s({}) == 30 and job.node_timeout_s({"MS_NODE_TIMEOUT": "10"}) == 10
+    assert launch_env.rank_label(MPI) == " (rank 3)" and launch_env.rank_label({}) == ""
+    assert rendezvous.node_timeout_s({}) == 30 and rendezvous.node_timeout_s({"MS_NODE_TIMEOUT": "10"}) == 10
 
 
 def test_cpu_workers_wait_in_collectives_longer_than_the_heartbeat_timeout():
-    wait = {"MS_NODE_TIMEOUT": str(job.COLLECTIVE_WAIT_S)}
-    assert job.collective_wait_env({}, "CPU") == wait
-    assert job.collective_wait_env({"MS_NODE_TIMEOUT": "6"}, "CPU") == wait
-    assert job.collective_wait_env({"MS_NODE_TIMEOUT": "3600"}, "CPU") == {}   # the user's longer wait stands
-    assert job.collective_wait_env({"MS_NODE_TIMEOUT": "-1"}, "CPU") == {}     # MindSpore: wait forever
-    assert job.collective_wait_env({}, "GPU") == {}                             # NCCL does not read it
+    wait = {"MS_NODE_TIMEOUT": str(rendezvous.COLLECTIVE_WAIT_S)}
+    assert rendezvous.collective_wait_env({}, "CPU") == wait
+    assert rendezvous.collective_wait_env({"MS_NODE_TIMEOUT": "6"}, "CPU") == wait
+    assert rendezvous.collective_wait_env({"MS_NODE_TIMEOUT": "3600"}, "CPU") == {}   # the user's longer wait stands
+    assert rendezvous.collective_wait_env({"MS_NODE_TIMEOUT": "-1"}, "CPU") == {}     # MindSpore: wait forever
+    assert rendezvous.collective_wait_env({}, "GPU") == {}                             # NCCL does not read it
 
 
 def test_established_connections_counts_open_connections_to_a_port():
@@ -220,10 +221,10 @@ def test_established_connections_counts_open_connections_to_a_port():
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        assert job.established_connections(port) == 0
+        assert rendezvous.established_connections(port) == 0
         with socket.create_connection(("127.0.0.1", port)):
             accepted, _ = server.accept()
-            assert job.established_connections(port) == 1
+            assert rendezvous.established_connections(port) == 1
             accepted.close()
 
 
@@ -239,35 +240,35 @@ MSRUN_NO_NODE_RANK = {"MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "4", "MS_SCHED_HO
 
 
 def test_msrun_across_nodes_without_node_rank_is_refused():
-    launch = job.detect_launch(MSRUN_NO_NODE_RANK, parent=MSRUN_ARGV)
+    launch = launch_env.detect_launch(MSRUN_NO_NODE_RANK, parent=MSRUN_ARGV)
     assert launch.rank == 0  # what every such worker would believe until init()
     with pytest.raises(ConfigError, match="--node_rank"):
         job.check_launch(launch, MSRUN_NO_NODE_RANK, "GPU")
-    job.check_launch(job.detect_launch(MSRUN_WORKER, parent=MSRUN_ARGV), MSRUN_WORKER, "GPU")  # with it: fine
+    job.check_launch(launch_env.detect_launch(MSRUN_WORKER, parent=MSRUN_ARGV), MSRUN_WORKER, "GPU")  # with it: fine
 
 
 def test_mpirun_across_hosts_on_cpu_needs_the_scheduler_address():
-    two_hosts = job.detect_launch(MPI)  # local size 2 of 4
+    two_hosts = launch_env.detect_launch(MPI)  # local size 2 of 4
     with pytest.raises(ConfigError, match="MS_SCHED_HOST"):
         job.check_launch(two_hosts, MPI, "CPU")
     job.check_launch(two_hosts, {**MPI, "MS_SCHED_HOST": "n0", "MS_SCHED_PORT": "29500"}, "CPU")
     job.check_launch(two_hosts, MPI, "GPU")  # MindSpore's own OpenMPI path needs no scheduler
     one_host = {**MPI, "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
-    job.check_launch(job.detect_launch(one_host), one_host, "CPU")  # the port file is on the one host
+    job.check_launch(launch_env.detect_launch(one_host), one_host, "CPU")  # the port file is on the one host
 
 
 def test_ms_variables_per_path():
     """What each path sets or clears, as distributed.init does it (communication/management.py `_host_distribute`:
     MS_ROLE switches init() into the dynamic cluster)."""
-    sets, clears = job.ms_variables(job.detect_launch(SRUN), "GPU", SRUN)
+    sets, clears = job.ms_variables(launch_env.detect_launch(SRUN), "GPU", SRUN)
     assert sets["MS_ROLE"] == "MS_WORKER" and sets["MS_NODE_ID"] == "5" and sets["MS_WORKER_NUM"] == "8"
     assert sets["MS_SCHED_HOST"] == "10.1.2.3" and 20000 <= int(sets["MS_SCHED_PORT"]) < 30000 and clears == []
     assert "MS_NODE_TIMEOUT" not in sets  # NCCL ignores it
     mpi_gpu = {**MPI, "MS_SCHED_HOST": "n0", "MS_SCHED_PORT": "1"}
-    assert job.ms_variables(job.detect_launch(MPI), "GPU", mpi_gpu) == ({}, ["MS_SCHED_HOST", "MS_SCHED_PORT"])
-    sets, _ = job.ms_variables(job.detect_launch(MPI), "CPU", MPI)
-    assert "chosen by rank 0" in sets["MS_SCHED_PORT"] and sets["MS_NODE_TIMEOUT"] == str(job.COLLECTIVE_WAIT_S)
-    assert job.ms_variables(job.detect_launch({}), "CPU", {}) == ({}, [])
+    assert job.ms_variables(launch_env.detect_launch(MPI), "GPU", mpi_gpu) == ({}, ["MS_SCHED_HOST", "MS_SCHED_PORT"])
+    sets, _ = job.ms_variables(launch_env.detect_launch(MPI), "CPU", MPI)
+    assert "chosen by rank 0" in sets["MS_SCHED_PORT"] and sets["MS_NODE_TIMEOUT"] == str(rendezvous.COLLECTIVE_WAIT_S)
+    assert job.ms_variables(launch_env.detect_launch({}), "CPU", {}) == ({}, [])
     named = {**MSRUN_WORKER, "MS_SCHED_HOST": "node-0"}
-    assert job.ms_variables(job.detect_launch(named, parent=MSRUN_ARGV), "GPU", named)[0] == \
+    assert job.ms_variables(launch_env.detect_launch(named, parent=MSRUN_ARGV), "GPU", named)[0] == \
         {"MS_SCHED_HOST": "<IP address of node-0>"}

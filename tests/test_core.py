@@ -13,7 +13,7 @@ import yaml
 
 from conftest import (REPO, TINY_CONFIG, base_env, checkpoints, load_params, mpirun, pad_crop_flip, run_msdist,
                       tiny_args)
-from msdist.cluster.errors import ConfigError, DataError
+from msdist.base.errors import ConfigError, DataError
 from msdist.data import pipeline, plan
 from msdist.engine import optim
 from msdist.run import checkpoint, config, startup

@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from conftest import REPO, base_env
+from msdist.base.errors import ConfigError
 from msdist.cluster import device
 from msdist.cluster.device import GpuProbe
-from msdist.cluster.errors import ConfigError
 
 NO_GPU = GpuProbe(plugin_loaded=False, visible_devices=0, nvidia_present=False)
 GPU_PLUGIN_ERROR = "Load dynamic library: libmindspore_gpu.so.11.6 failed. libcudnn.so.8: cannot open shared object file"
@@ -38,7 +38,7 @@ def test_set_device_is_the_only_device_id_communication_init_keeps():
 
 def test_distributed_init_sets_the_device_through_set_device():
     """msdist.cluster.distributed.init calls mindspore.set_device (mindspore/device_manager.py `set_device`)."""
-    code = ("from msdist.cluster import distributed, job; distributed.init(job.detect_launch({}), 'CPU', ''); "
+    code = ("from msdist.base import launch_env; from msdist.cluster import distributed; distributed.init(launch_env.detect_launch({}), 'CPU', ''); "
             "from mindspore._c_expression import DeviceManagerConf as C; print(C.get_instance().is_device_enable())")
     assert _run(code) == "True"
 

@@ -62,7 +62,7 @@ def test_allreduce_fusion_is_validated(monkeypatch):
     import pytest
     from msdist.run import config
     from msdist.engine import step
-    from msdist.cluster.errors import ConfigError
+    from msdist.base.errors import ConfigError
 
     for bad in ("160,85", "a,b", "0,3"):
         with pytest.raises(ConfigError, match="strictly increasing parameter indices"):

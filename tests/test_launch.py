@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 from msdist import launch
-from msdist.cluster import heartbeat, preemption, supervisor
-from msdist.cluster.job import free_port
-from msdist.cluster.errors import ConfigError, DataError
+from msdist.base.errors import ConfigError, DataError
+from msdist.cluster import failures, heartbeat, preemption, supervisor
+from msdist.cluster.rendezvous import free_port
 from msdist.run import checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -199,8 +199,8 @@ def test_bad_train_option_fails_before_starting_anything(tmp_path):
     # A mistyped launcher option is suggested as the launcher option it resembles.
     with pytest.raises(ConfigError, match=r"unknown option --max_restart \(did you mean --max_restarts\?\)"):
         launch.parse_args(["-n", "2", "--max_restart", "3", "--data_dir", str(tmp_path)])
-    with pytest.raises(ConfigError, match=r"did you mean --heartbeat_timeout\?"):
-        launch.parse_args(["-n", "2", "--heartbeat_timout", "3", "--data_dir", str(tmp_path)])
+    with pytest.raises(ConfigError, match=r"did you mean --stall_silence_timeout\?"):
+        launch.parse_args(["-n", "2", "--stall_silence_timout", "3", "--data_dir", str(tmp_path)])
     with pytest.raises(DataError, match="batch_size 15 is the global batch and must divide evenly over 4 ranks"):
         launch.parse_args(["-n", "2", "--nnodes", "2", "--master_addr", "h", "--master_port", "1", "--batch_size", "15"])
     # A missing data_dir is named once, before any rank starts.
@@ -237,16 +237,16 @@ def test_traceback_tail_reads_only_this_attempt(tmp_path):
     offset = log.stat().st_size
     with open(log, "a") as f:
         f.write("12:00 rank1 INFO training\nTraceback (most recent call last):\n  File x\nValueError: new\n")
-    assert supervisor.traceback_tail({str(log): offset}) == ["Traceback (most recent call last):", "  File x",
+    assert failures.traceback_tail({str(log): offset}) == ["Traceback (most recent call last):", "  File x",
                                                          "ValueError: new"]
-    assert supervisor.traceback_tail({str(log): log.stat().st_size}) == []
+    assert failures.traceback_tail({str(log): log.stat().st_size}) == []
 
 
 def test_traceback_tail_ends_at_the_exception_line(tmp_path):
     log = tmp_path / "rank_0.log"
     log.write_text("Traceback (most recent call last):\n  File y\nRuntimeError: Miss argument\n\n"
                    "- The Traceback of Net Construct Code:\n# In file engine.py:17\n")
-    assert supervisor.traceback_tail({str(log): 0})[-1] == "RuntimeError: Miss argument"
+    assert failures.traceback_tail({str(log): 0})[-1] == "RuntimeError: Miss argument"
 
 
 def test_traceback_tail_brings_up_a_message_mindspore_put_below_rulers(tmp_path):
@@ -254,16 +254,16 @@ def test_traceback_tail_brings_up_a_message_mindspore_put_below_rulers(tmp_path)
     log.write_text("Traceback (most recent call last):\n  File z\nRuntimeError: \n" + "-" * 52 + "\n"
                    "- Framework Unexpected Exception Raised:\n" + "-" * 52 + "\n"
                    "Collective AllReduce failed: node 0 is down\n\n- C++ Call Stack: (For framework developers)\n")
-    assert supervisor.traceback_tail({str(log): 0})[-1] == "RuntimeError: Collective AllReduce failed: node 0 is down"
+    assert failures.traceback_tail({str(log): 0})[-1] == "RuntimeError: Collective AllReduce failed: node 0 is down"
 
 
 def test_first_cause_prefers_a_dead_rank_then_the_longest_silent():
     beat = {"epoch": 1, "step": 3, "global_step": 3}
-    stalled_late = supervisor.Failure(0, "stalled", dict(beat, time=200.0), stalled=True, silent_since=200.0)
-    stalled_early = supervisor.Failure(1, "stalled", None, stalled=True, silent_since=100.0)  # never beat
-    dead = supervisor.Failure(2, "killed by SIGKILL", beat)
-    assert supervisor._first_cause([stalled_late, stalled_early]).rank == 1
-    assert supervisor._first_cause([stalled_late, dead, stalled_early]).rank == 2
+    stalled_late = failures.Failure(0, "stalled", dict(beat, time=200.0), stalled=True, silent_since=200.0)
+    stalled_early = failures.Failure(1, "stalled", None, stalled=True, silent_since=100.0)  # never beat
+    dead = failures.Failure(2, "killed by SIGKILL", beat)
+    assert failures.first_cause([stalled_late, stalled_early]).rank == 1
+    assert failures.first_cause([stalled_late, dead, stalled_early]).rank == 2
 
 
 def test_a_rank_sigtermed_by_the_cluster_is_reported_with_the_rank_the_scheduler_timed_out(tmp_path):
@@ -274,13 +274,13 @@ def test_a_rank_sigtermed_by_the_cluster_is_reported_with_the_rank_the_scheduler
                "Timed out node list is: [const vector]{1}, worker 1 is the first one timed out, please check its log.")
     scheduler = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(5); "
                                   "open(sys.argv[1], 'a').write(sys.argv[2] + '\\n')", str(log), verdict])
-    failure = supervisor._with_cluster_cause(supervisor.Failure(0, "killed by SIGTERM"), scheduler, str(tmp_path))
+    failure = failures.with_cluster_cause(failures.Failure(0, "killed by SIGTERM"), scheduler, str(tmp_path))
     assert failure.how.startswith("killed by SIGTERM, after rank 1 stopped responding"), failure.how
 
 
 @pytest.mark.multiprocess
 def test_stall_limit_is_startup_timeout_until_the_first_step(tmp_path):
-    plan = launch.parse_args(["-n", "1", "--heartbeat_timeout", "10", "--startup_timeout", "600",
+    plan = launch.parse_args(["-n", "1", "--stall_silence_timeout", "10", "--stall_startup_timeout", "600",
                               "--output_dir", str(tmp_path), "--data_dir", str(tmp_path)])
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
@@ -291,23 +291,23 @@ def test_stall_limit_is_startup_timeout_until_the_first_step(tmp_path):
                            "global_step": 0}, f)
             failure = supervisor._check_worker(worker, plan)
             assert (failure is not None) == stalled
-        assert "stalled: no heartbeat for 20 s (--heartbeat_timeout 10)" in failure.how
+        assert "stalled: no heartbeat for 20 s (--stall_silence_timeout 10)" in failure.how
         # A process stopped before its first step is not compiling: the training limit applies.
         with open(worker.heartbeat_path, "w") as f:
             json.dump({"time": time.time() - 20, "pid": sleeper.pid, "rank": 0, "epoch": 0, "step": 0,
                        "global_step": 0}, f)
         sleeper.send_signal(signal.SIGSTOP)
         deadline = time.monotonic() + 5
-        while not supervisor._is_stopped(sleeper.pid) and time.monotonic() < deadline:
+        while not heartbeat.is_stopped(sleeper.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         failure = supervisor._check_worker(worker, plan)
-        assert "(process stopped) (--heartbeat_timeout 10)" in failure.how
+        assert "(process stopped) (--stall_silence_timeout 10)" in failure.how
         # A rank that never wrote a heartbeat is stalled once the start-up limit passes after its spawn.
         os.remove(worker.heartbeat_path)
         sleeper.send_signal(signal.SIGCONT)
         quiet = supervisor._Worker(0, sleeper, worker.heartbeat_path, {}, started=time.time() - 700)
         failure = supervisor._check_worker(quiet, plan)
-        assert failure is not None and "no heartbeat in 700 s since start (--startup_timeout 600)" in failure.how
+        assert failure is not None and "no heartbeat in 700 s since start (--stall_startup_timeout 600)" in failure.how
         assert supervisor._check_worker(supervisor._Worker(0, sleeper, worker.heartbeat_path, {}), plan) is None
     finally:
         sleeper.kill()
@@ -400,7 +400,7 @@ def test_kill9_is_named_fast_and_restart_resumes_exactly(tmp_path, background_jo
 @pytest.mark.multiprocess
 def test_sigstop_is_detected_by_heartbeat(tmp_path):
     # Long enough that only the stop can end it; only the heartbeat can tell.
-    job = Job(tmp_path, "stall", ["-n", "2", "--heartbeat_timeout", "10"], SHORT_ARGS + ["--max_steps", "100000",
+    job = Job(tmp_path, "stall", ["-n", "2", "--stall_silence_timeout", "10"], SHORT_ARGS + ["--max_steps", "100000",
                                                                                          "--epochs", "1000"])
     beat = job.wait_for_beat(1, at_least_step=4)
     os.kill(beat["pid"], signal.SIGSTOP)

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import REAL_DATA, REPO, base_env, mpirun, msrun, tiny_args
 from msdist.cluster import heartbeat
-from msdist.cluster.job import free_port
+from msdist.cluster.rendezvous import free_port
 from msdist.run import checkpoint
 
 RUN_LIMIT_S = 300
@@ -129,8 +129,9 @@ def test_mpirun_failed_rank_is_named(tmp_path):
 
 _LATE_RANK = """
 import os, sys, time
-from msdist.cluster import distributed, job
-dist = distributed.init(job.detect_launch(), "CPU", sys.argv[1])
+from msdist.base import launch_env
+from msdist.cluster import distributed
+dist = distributed.init(launch_env.detect_launch(), "CPU", sys.argv[1])
 if dist.rank == 1:
     time.sleep(12)  # still compiling, as far as rank 0 can tell
 total = distributed.Collectives(dist.world_size).sum([float(dist.rank + 1)])[0]

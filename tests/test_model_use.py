@@ -57,7 +57,7 @@ def test_predict_text_output_and_unreadable_checkpoint(trained_ckpt, data_dir, t
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes(b"\0" * 64)
     from msdist.run import checkpoint
-    from msdist.cluster.errors import CheckpointError
+    from msdist.base.errors import CheckpointError
     with pytest.raises(CheckpointError, match="cannot read checkpoint"):  # a one-line error, exit 2 in the CLI
         checkpoint.read_meta(str(bad))
 
@@ -256,7 +256,7 @@ def test_pretrained_with_another_class_count_loads_the_backbone_exactly(tmp_path
 def test_pretrained_that_does_not_fit_names_the_first_tensor(tmp_path):
     from models import create_model
     from msdist.run import weights
-    from msdist.cluster.errors import CheckpointError
+    from msdist.base.errors import CheckpointError
     _write_pretrained(tmp_path / "tiny.ckpt", num_classes=4)
     with pytest.raises(CheckpointError) as info:
         weights.load_pretrained(create_model("resnet18", 4), weights.read(str(tmp_path / "tiny.ckpt")), "resnet18")

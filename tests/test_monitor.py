@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from msdist import report
-from msdist.cluster.errors import ConfigError
+from msdist.base.errors import ConfigError
 from msdist.run import monitor
 from msdist.run.position import Position
 

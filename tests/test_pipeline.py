@@ -9,7 +9,7 @@ import pytest
 
 import reference_pipeline
 from conftest import pad_crop_flip, run_msdist, tiny_args
-from msdist.cluster.errors import ConfigError, DataError
+from msdist.base.errors import ConfigError, DataError
 from msdist.data import bench, pipeline, plan
 from msdist.data import augment
 from msdist.data.augment import Regularization

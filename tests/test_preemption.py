@@ -14,7 +14,7 @@ import pytest
 
 from conftest import MPI_ENV, mpirun
 from msdist.cluster import preemption
-from msdist.cluster.errors import ConfigError
+from msdist.base.errors import ConfigError
 from msdist.run import checkpoint
 from test_launch import EXACT_ARGS, REPO, Job, assert_same_final_params
 

@@ -6,6 +6,7 @@ heartbeat and watchdog threads keep running, the way a rank stuck in a collectiv
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -16,9 +17,10 @@ import pytest
 from conftest import REAL_DATA, TINY_CONFIG, base_env, mpirun, msrun, tiny_args
 from faults import freeze_main_thread
 from test_launch import Job
+from msdist.base.errors import ConfigError
 from msdist.cluster import heartbeat
-from msdist.cluster.job import free_port
-from msdist.cluster.errors import ConfigError
+from msdist.cluster.rendezvous import free_port
+from msdist.cluster.stall import StallPolicy
 from msdist.run import monitor
 
 RUN_LIMIT_S = 300
@@ -30,18 +32,60 @@ LONG_RUN = ("--epochs", 1000, "--max_steps", 100000, "--log_every", 50, "--save_
 # ---------------------------------------------------------------- limits and verdict, no processes
 
 def test_stall_timeout_values():
-    assert heartbeat.StallPolicy.parse("auto").timeout_s is None
-    assert heartbeat.StallPolicy.parse("0").timeout_s == 0
-    assert heartbeat.StallPolicy.parse("45").timeout_s == 45
+    assert StallPolicy.from_options({"stall_timeout": "auto"}).stall_timeout is None
+    assert StallPolicy.from_options({"stall_timeout": "0"}).stall_timeout == 0
+    assert StallPolicy.from_options({"stall_timeout": "45"}).stall_timeout == 45
     for bad in ("-1", "soon", "nan"):
         with pytest.raises(ConfigError, match="--stall_timeout .* must be auto, 0 .off. or seconds > 0"):
-            heartbeat.StallPolicy.parse(bad)
+            StallPolicy.from_options({"stall_timeout": bad})
+
+
+
+def test_one_option_family_for_the_launcher_and_the_ranks(capsys):
+    """msdist.train and msdist.launch read the same --stall_* options into the same policy; the old names
+    still work, each with a one-line notice naming the new one."""
+    from msdist import launch
+    from msdist.run import config
+    cfg = config.parse(["--stall_timeout", "30", "--stall_startup_timeout", "90", "--stall_silence_timeout", "15"])
+    expected = StallPolicy(30.0, 90.0, 15.0)
+    assert StallPolicy.from_options(vars(cfg)) == expected
+    plan = launch.parse_args(["-n", "2", "--stall_timeout", "30", "--stall_startup_timeout", "90",
+                              "--stall_silence_timeout", "15"])
+    assert plan.stall == expected
+    capsys.readouterr()
+    old = launch.parse_args(["-n", "2", "--stall_timeout", "30", "--startup_timeout", "90", "--heartbeat_timeout=15"])
+    assert old.stall == expected
+    notices = capsys.readouterr().err.splitlines()
+    assert notices == ["msdist: --startup_timeout is now --stall_startup_timeout (docs/launch.md#stall-options)",
+                       "msdist: --heartbeat_timeout is now --stall_silence_timeout (docs/launch.md#stall-options)"]
+    assert "--stall_silence_timeout=15" in old.train_args and "--heartbeat_timeout=15" not in old.train_args
+    with pytest.raises(ConfigError, match=r"--stall_silence_timeout 0(\.0)? must be a number of seconds > 0"):
+        config.parse(["--stall_silence_timeout", "0"])
+
+
+def test_the_watchdog_obeys_the_silence_limit_too(tmp_path):
+    """A live process of this host whose heartbeat stopped changing is a stall past --stall_silence_timeout
+    (after its first step) or --stall_startup_timeout (before it), as the launcher's supervisor decides; a
+    rank whose process ended, or another host's, is left to its launcher and to the progress limit."""
+    policy = StallPolicy(stall_timeout=1000.0, stall_startup_timeout=50.0, stall_silence_timeout=20.0)
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    here, alive = socket.gethostname(), os.getpid()
+    for epoch, silent_s, host, pid, stalled in ((4, 25, here, alive, True), (4, 15, here, alive, False),
+                                                (0, 25, here, alive, False), (0, 55, here, alive, True),
+                                                (4, 25, here, ended.pid, False), (4, 25, "elsewhere", alive, False)):
+        tracker = heartbeat.Tracker({0: heartbeat.path_for(str(tmp_path), 0)})
+        _write_beat(tmp_path, 0, epoch=epoch, phase="train step", phase_s=1.0, limit_s=1000.0, host=host, pid=pid,
+                    time=time.time() + silent_s)
+        tracker.poll()
+        tracker._seen[0] = (tracker._seen[0][0], time.monotonic() - silent_s)
+        assert (heartbeat.find_stall(tracker.poll(), policy) is not None) == stalled, (epoch, silent_s, host, pid)
 
 
 def _limit(policy, phase, **kw):
     args = dict(median_step_s=None, warm=True, expected_s=0.0, measured_s=0.0, compile_s=0.0)
     args.update(kw)
-    return heartbeat.StallPolicy.parse(policy).limit(phase, **args)
+    return StallPolicy.from_options({"stall_timeout": policy}).limit(phase, **args)
 
 
 def test_auto_limits_cover_the_slow_but_healthy_cases():
@@ -65,7 +109,7 @@ def test_auto_limits_cover_the_slow_but_healthy_cases():
 
 
 def test_heartbeat_reports_phase_position_and_its_limit(tmp_path):
-    beat = heartbeat.Heartbeat(str(tmp_path), 3, heartbeat.StallPolicy.parse("20"))
+    beat = heartbeat.Heartbeat(str(tmp_path), 3, StallPolicy.from_options({"stall_timeout": "20"}))
     assert beat.snapshot()["phase"] == "start-up" and beat.snapshot()["limit_s"] == 600
     beat.enter("compile")
     time.sleep(0.05)
@@ -95,28 +139,28 @@ def test_the_verdict_names_the_rank_that_holds_the_others_up(tmp_path):
     for rank in (0, 2, 3):
         _write_beat(tmp_path, rank, phase_s=61.0)
     _write_beat(tmp_path, 1, phase="data wait", phase_s=62.0)
-    stall = heartbeat.find_stall(tracker.poll())
+    stall = heartbeat.find_stall(tracker.poll(), StallPolicy.from_options({}))
     assert stall is not None and stall.rank == 1
     assert stall.line() == "rank 1 (host a) stuck in data wait at step 37 for 62 s; ranks 0, 2, 3 waiting in step 38"
     assert stall.record()["rank"] == 1 and stall.record()["phase"] == "data wait"
     # Below every limit: no verdict.
     for rank in range(4):
         _write_beat(tmp_path, rank, phase_s=5.0, time=time.time() + rank)
-    assert heartbeat.find_stall(tracker.poll()) is None
+    assert heartbeat.find_stall(tracker.poll(), StallPolicy.from_options({})) is None
 
 
 def test_the_rank_behind_and_a_silent_rank_are_blamed(tmp_path):
     tracker = heartbeat.Tracker({r: heartbeat.path_for(str(tmp_path), r) for r in range(2)})
     _write_beat(tmp_path, 0, phase_s=70.0, global_step=38)    # waits in step 39 longer than rank 1 is stuck
     _write_beat(tmp_path, 1, phase="train step", phase_s=3.0)
-    assert heartbeat.find_stall(tracker.poll()).rank == 1
+    assert heartbeat.find_stall(tracker.poll(), StallPolicy.from_options({})).rank == 1
     # Same step and phase: the rank whose heartbeat stopped changing is the one stopped.
     tracker = heartbeat.Tracker({r: heartbeat.path_for(str(tmp_path), r) for r in range(2)})
     _write_beat(tmp_path, 0, phase_s=70.0, global_step=37)
     _write_beat(tmp_path, 1, phase_s=3.0)
     tracker.poll()
     tracker._seen[1] = (tracker._seen[1][0], time.monotonic() - 30)   # no new beat from rank 1 for 30 s
-    stall = heartbeat.find_stall(tracker.poll())
+    stall = heartbeat.find_stall(tracker.poll(), StallPolicy.from_options({}))
     assert stall.rank == 1 and "no heartbeat for 30 s" in stall.line()
 
 
@@ -126,13 +170,13 @@ def test_in_the_same_phase_the_rank_not_waiting_in_a_collective_is_blamed(tmp_pa
     tracker = heartbeat.Tracker({r: heartbeat.path_for(str(tmp_path), r) for r in range(2)})
     _write_beat(tmp_path, 0, phase="checkpoint save", phase_s=70.0, global_step=12, in_collective=True)
     _write_beat(tmp_path, 1, phase="checkpoint save", phase_s=65.0, global_step=12, in_collective=False)
-    stall = heartbeat.find_stall(tracker.poll())
+    stall = heartbeat.find_stall(tracker.poll(), StallPolicy.from_options({}))
     assert stall.line() == ("rank 1 (host a) stuck in checkpoint save at step 12 for 65 s; "
                             "rank 0 waiting in checkpoint save at step 12")
 
 
 def test_the_heartbeat_sees_its_loop_inside_a_host_collective(tmp_path):
-    beat = heartbeat.Heartbeat(str(tmp_path), 0, heartbeat.StallPolicy.parse("auto"))
+    beat = heartbeat.Heartbeat(str(tmp_path), 0, StallPolicy.from_options({"stall_timeout": "auto"}))
     assert beat.snapshot()["in_collective"] is False
     # A function with Collectives.gather's name and file: the snapshot, taken inside it, finds it on the stack.
     scope = {}
@@ -357,8 +401,9 @@ def test_msrun_rank_with_a_stuck_main_thread_ends_the_job(tmp_path):
 
 
 def test_every_launcher_but_msdist_launch_gets_the_watchdog_inside_the_ranks():
-    from msdist.cluster import job, watchdog
-    on = heartbeat.StallPolicy.parse("auto")
+    from msdist.base import launch_env
+    from msdist.cluster import watchdog
+    on = StallPolicy.from_options({"stall_timeout": "auto"})
     envs = {
         "mpirun": {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"},
         "srun": {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_JOB_ID": "7"},
@@ -366,9 +411,9 @@ def test_every_launcher_but_msdist_launch_gets_the_watchdog_inside_the_ranks():
         "msdist.launch": {"MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "2", "MS_NODE_ID": "1", "MSDIST_LOCAL_RANK": "1"},
         "standalone": {},
     }
-    needed = {name: watchdog.needed(job.detect_launch(env, parent=[]), on) for name, env in envs.items()}
+    needed = {name: watchdog.needed(launch_env.detect_launch(env, parent=[]), on) for name, env in envs.items()}
     assert needed == {"mpirun": True, "srun": True, "msrun": True, "msdist.launch": False, "standalone": True}
-    assert not watchdog.needed(job.detect_launch(envs["srun"], parent=[]), heartbeat.StallPolicy.parse("0"))
+    assert not watchdog.needed(launch_env.detect_launch(envs["srun"], parent=[]), StallPolicy.from_options({"stall_timeout": "0"}))
 
 
 @pytest.mark.multiprocess

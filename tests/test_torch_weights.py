@@ -86,7 +86,7 @@ def test_torch_named_files_load_exactly_and_convert_keeps_their_convention(tmp_p
 
 def test_a_file_of_another_architecture_is_one_line_naming_the_first_mismatch(tmp_path):
     from models import create_model
-    from msdist.cluster.errors import CheckpointError
+    from msdist.base.errors import CheckpointError
     from msdist.run import weights
     _write_torch_named(_model_params("resnet_tiny", 4), tmp_path / "tiny.safetensors")
     with pytest.raises(CheckpointError) as info:
@@ -111,7 +111,7 @@ def test_a_file_of_another_architecture_is_one_line_naming_the_first_mismatch(tm
 
 
 def test_a_truncated_file_is_one_line(tmp_path):
-    from msdist.cluster.errors import CheckpointError
+    from msdist.base.errors import CheckpointError
     from msdist.run import weights
     _write_torch_named(_model_params("resnet_tiny", 4), tmp_path / "full.safetensors")
     data = (tmp_path / "full.safetensors").read_bytes()
@@ -156,7 +156,7 @@ def test_a_pth_without_torch_installed_says_what_to_do(tmp_path):
 
 def test_resume_and_eval_read_the_convention_the_checkpoint_records(tmp_path):
     import mindspore as ms
-    from msdist.cluster.errors import CheckpointError
+    from msdist.base.errors import CheckpointError
     from msdist.run import checkpoint
     params = [{"name": "w", "data": ms.Parameter(ms.Tensor(np.ones((1,), np.float32)), name="w")}]
     directory = str(tmp_path / "ckpt")

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from msdist.cluster.job import free_port
+from msdist.cluster.rendezvous import free_port
 from test_launch import TINY_CONFIG, DATA_DIR, Job
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]

@@ -1,8 +1,8 @@
-"""The bottom layer, MindSpore-free at import: this process and the job it belongs to.
+"""The bottom layer above msdist.base, MindSpore-free at import: this process and the job it belongs to.
 
-How the process was launched and where its peers are (job), the environment set before MindSpore
-loads (runtime, isa_probe), distributed init and collectives (distributed: loads MindSpore when
-called), MindSpore's scheduler (scheduler), liveness files (heartbeat), the launcher's supervisor
-(supervisor), and the two leaves every layer uses: user-facing errors (errors) and atomic files (files).
+What each kind of launch needs (job), how the ranks meet (rendezvous), the environment set before
+MindSpore loads (runtime, isa_probe), distributed init and collectives (distributed: loads MindSpore
+when called), MindSpore's scheduler (scheduler), progress files and the one stall policy (heartbeat,
+stall), the in-rank watchdog (watchdog) and the launcher's supervisor (supervisor, failures).
 Nothing here imports from msdist.engine, msdist.data or msdist.run.
 """

@@ -22,7 +22,7 @@ import socket
 from dataclasses import dataclass
 from typing import List, Mapping, Optional
 
-from msdist.cluster.errors import ConfigError
+from msdist.base.errors import ConfigError
 
 # A CUDA_VISIBLE_DEVICES entry CUDA accepts: an index or a GPU/MIG UUID. CUDA ignores every entry from
 # the first invalid one on (Slurm writes "NoDevFiles" for a step without GPUs).

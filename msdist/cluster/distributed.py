@@ -1,6 +1,7 @@
 """Rank set-up that needs MindSpore: device choice, cluster init, the mpirun/srun bridge, collectives.
 
-How the process was started is decided MindSpore-free in msdist.cluster.job; this module acts on it:
+How the process was started is decided MindSpore-free in msdist.base.launch_env and msdist.cluster.job;
+this module acts on it:
 
 * standalone: world size 1, no communication at all;
 * mpirun on GPU: MindSpore's own OpenMPI path (init("nccl")), with MPI finalized before leaving;
@@ -24,8 +25,9 @@ from typing import Optional
 
 import numpy as np
 
-from msdist.cluster import cli, device, job
-from msdist.cluster.job import LaunchEnv
+from msdist.base import cli
+from msdist.base.launch_env import LaunchEnv
+from msdist.cluster import device, job, rendezvous
 
 _logger = logging.getLogger(__name__)
 # What a rank's exception says when a collective could not complete because a peer is gone or stopped.
@@ -72,23 +74,23 @@ class _ClusterBridge:
     def __init__(self, launch: LaunchEnv, log_dir: str):
         self.launch = launch
         self.scheduler = None
-        self.heartbeat_timeout_s = job.node_timeout_s(os.environ)  # before init() raises it for collectives
+        self.heartbeat_timeout_s = rendezvous.node_timeout_s(os.environ)  # before init() raises it for collectives
         self.published = False
         host, port = job.bridge_address(launch, os.environ)
-        host = job.resolve_host(host, "MS_SCHED_HOST" if "MS_SCHED_HOST" in os.environ else "the scheduler host")
+        host = rendezvous.resolve_host(host, "MS_SCHED_HOST" if "MS_SCHED_HOST" in os.environ else "the scheduler host")
         if port is None:
             if launch.rank == 0:
-                port = job.free_port(host)
-                job.publish_port(launch.job_id, port)
+                port = rendezvous.free_port(host)
+                rendezvous.publish_port(launch.job_id, port)
                 self.published = True
             else:
-                port = job.wait_for_port(launch.job_id)
+                port = rendezvous.wait_for_port(launch.job_id)
         if launch.rank == 0:
-            if not job.is_local_address(host):
+            if not rendezvous.is_local_address(host):
                 raise RuntimeError(f"rank 0 must host MindSpore's scheduler at {host}, but that is not an address of "
                                    "this node; set MS_SCHED_HOST to rank 0's node address")
             log_path = os.path.join(log_dir, "scheduler.log")
-            self.scheduler = job.start_scheduler(host, port, launch.world_size, log_path)
+            self.scheduler = rendezvous.start_scheduler(host, port, launch.world_size, log_path)
             threading.Thread(target=_fail_with_scheduler, args=(self.scheduler, log_path), name="msdist-scheduler-watch",
                              daemon=True).start()
             cli.add_crash_hook(self._await_scheduler_verdict)
@@ -96,7 +98,7 @@ class _ClusterBridge:
             # said which rank it timed out; without this handler that SIGTERM kills rank 0 silently.
             signal.signal(signal.SIGTERM, self._verdict_then_exit)
         os.environ.update(job.bridge_worker_env(launch, host, str(port)))
-        job.wait_until_listening(host, port)
+        rendezvous.wait_until_listening(host, port)
 
     def _await_scheduler_verdict(self, error: Exception) -> None:
         """A collective failed on rank 0: MindSpore's scheduler is about to name the rank it timed out
@@ -123,7 +125,7 @@ class _ClusterBridge:
     def joined(self) -> None:
         """Every worker has registered, so nobody needs the rendezvous file any more."""
         if self.published:
-            job.remove_rendezvous(self.launch.job_id)
+            rendezvous.remove_rendezvous(self.launch.job_id)
 
 
 def _fail_with_scheduler(proc, log_path: str) -> None:
@@ -136,8 +138,8 @@ def _fail_with_scheduler(proc, log_path: str) -> None:
     code = proc.wait()
     if code == 0:
         return
-    verdict = job.scheduler_verdict(log_path)
-    cause = job.describe_timeout(verdict)
+    verdict = rendezvous.scheduler_verdict(log_path)
+    cause = rendezvous.describe_timeout(verdict)
     if not cause:
         # Not a timed-out rank: a rank that failed says why itself, and so does this one if its collectives
         # fail; a second, vaguer line here would only bury that one.
@@ -164,7 +166,7 @@ def init(launch: LaunchEnv, device_target: str, log_dir: str, deterministic: boo
     """Set the device and GRAPH_MODE, join the job's communication group, set DATA_PARALLEL.
 
     Args:
-        launch: from `job.detect_launch()`.
+        launch: from `launch_env.detect_launch()`.
         device_target: "auto", "CPU" or "GPU".
         log_dir: where the scheduler's own log goes when this rank starts it.
         deterministic: ask MindSpore for deterministic kernels.
@@ -189,9 +191,9 @@ def init(launch: LaunchEnv, device_target: str, log_dir: str, deterministic: boo
     # SIGTERM handler); after the join it is only told that the rendezvous file can go.
     bridge = _ClusterBridge(launch, log_dir) if job.needs_cluster_bridge(launch, target) else None
     if bridge is None and "MS_SCHED_HOST" in os.environ:  # set by hand or by a job spec: MindSpore takes only an IP
-        os.environ["MS_SCHED_HOST"] = job.resolve_host(os.environ["MS_SCHED_HOST"], "MS_SCHED_HOST")
+        os.environ["MS_SCHED_HOST"] = rendezvous.resolve_host(os.environ["MS_SCHED_HOST"], "MS_SCHED_HOST")
     comm_init(backend)
-    os.environ.update(job.collective_wait_env(os.environ, target))  # before the first collective reads it
+    os.environ.update(rendezvous.collective_wait_env(os.environ, target))  # before the first collective reads it
     if bridge is not None:
         bridge.joined()
     rank, world = get_rank(), get_group_size()

@@ -17,10 +17,10 @@ write per epoch), no host sync. The thread keeps writing while the main thread i
 a dead NFS read, a deadlocked reader), so a stuck rank shows up as a phase that does not end, not as
 silence. Silence means the whole process stopped (SIGSTOP, a hang that holds the Python lock, a dead host).
 
-`Tracker` and `find_stall` turn the beats of a job into a verdict, the same way for the two deciders:
-msdist.launch's supervisor and, under other launchers, the watchdog thread inside every rank
-(msdist.cluster.watchdog). Durations are measured skew-free: a rank's time in its phase as of its own
-beat, plus the reader's own time since that beat changed.
+`Tracker` and `find_stall` turn the beats of a job into a verdict under the one stall policy
+(msdist.cluster.stall), the same way for the two deciders: msdist.launch's supervisor and, under other
+launchers, the watchdog thread inside every rank (msdist.cluster.watchdog). Durations are measured
+skew-free: a rank's time in its phase as of its own beat, plus the reader's own time since that beat changed.
 """
 import collections
 import faulthandler
@@ -35,19 +35,10 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-from msdist.cluster.errors import ConfigError
-from msdist.cluster.files import atomic_write_text
+from msdist.base.files import atomic_write_text
+from msdist.cluster.stall import StallPolicy
 
 DEFAULT_INTERVAL_S = 2.0
-AUTO_FLOOR_S = 300.0         # --stall_timeout auto: at least this...
-AUTO_STEP_MULTIPLE = 10.0    # ...and at least this many median steps
-# Phases with no duration of their own to scale from get this many stall timeouts, and at least the
-# launcher's --startup_timeout default: start-up holds cluster init and the data check (rank 0 decodes
-# every image once), compile is minutes for big graphs, and both can hold the Python lock and silence
-# the heartbeat thread (50 s seen on a 2-core machine at load 20).
-UNMEASURED_MULTIPLE = 6.0
-UNMEASURED_FLOOR_S = 600.0
-EXPECTED_MULTIPLE = 3.0      # evaluation, saving, the first steps: the timeout plus 3x what they should take
 SLOW_DISK_BYTES_PER_S = 10e6  # a checkpoint save is expected to take its size at this rate
 _STEP_WINDOW = 101           # steps the median step time is taken over
 # The first steps of a process fill the input pipeline, finish compiling kernels and queue up behind the
@@ -81,63 +72,6 @@ def read(path: str) -> Optional[dict]:
         return None
 
 
-# ---------------------------------------------------------------- how long each phase may take
-
-def check_stall_timeout(text: str) -> None:
-    """The option's check: `auto`, `0` (off) or a number of seconds > 0."""
-    StallPolicy.parse(text)
-
-
-@dataclass(frozen=True)
-class StallPolicy:
-    """`--stall_timeout`: the seconds without progress after which a rank counts as stuck, per phase.
-
-    `timeout_s` None is `auto`: max(300 s, 10x the median step time); 0 turns watching off.
-    """
-    timeout_s: Optional[float]
-
-    @classmethod
-    def parse(cls, text) -> "StallPolicy":
-        value = str(text).strip().lower()
-        if value == "auto":
-            return cls(None)
-        try:
-            seconds = float(value)
-        except ValueError:
-            seconds = -1.0
-        if not seconds >= 0:
-            raise ConfigError(f"--stall_timeout {text!r} must be auto, 0 (off) or seconds > 0")
-        return cls(seconds)
-
-    def base(self, median_step_s: Optional[float]) -> float:
-        if self.timeout_s is not None:
-            return self.timeout_s
-        return max(AUTO_FLOOR_S, AUTO_STEP_MULTIPLE * (median_step_s or 0.0))
-
-    def limit(self, phase: str, *, median_step_s: Optional[float], warm: bool, expected_s: float,
-              measured_s: float, compile_s: float) -> Optional[float]:
-        """Seconds this rank may stay in `phase`; None when watching is off.
-
-        Args:
-            median_step_s: the rank's median step time, None before two steps.
-            warm: whether this process has completed its first WARMUP_STEPS steps.
-            expected_s: what this phase should take (evaluation: its batches at the step time; a save:
-                its bytes at a slow disk's rate), 0 when unknown.
-            measured_s: the longest this phase took before in this process.
-            compile_s: how long the train step took to compile here.
-        """
-        if self.timeout_s == 0:
-            return None
-        base = self.base(median_step_s)
-        if phase in ("start-up", "compile"):
-            return max(base * UNMEASURED_MULTIPLE, UNMEASURED_FLOOR_S)
-        if phase in ("data wait", "train step") and not warm:
-            return base + EXPECTED_MULTIPLE * compile_s
-        if phase in ("evaluation", "checkpoint save"):
-            return base + EXPECTED_MULTIPLE * max(expected_s, measured_s)
-        return base
-
-
 # ---------------------------------------------------------------- the writer (one per rank)
 
 class Heartbeat:
@@ -146,7 +80,7 @@ class Heartbeat:
     Args:
         log_dir: the run's log directory (`{output_dir}/logs`).
         rank: global rank of this process.
-        policy: the stall limits (`StallPolicy.parse(cfg.stall_timeout)`).
+        policy: the stall limits (msdist.cluster.stall).
         interval_s: seconds between writes.
     """
 
@@ -342,9 +276,33 @@ class Stall:
                 "ranks": {str(s.rank): s.beat for s in [self.culprit, *self.others]}}
 
 
-def find_stall(states: Sequence[RankState]) -> Optional[Stall]:
-    """The job's stall when any rank has been in its phase longer than its limit, else None."""
-    if not any(s.over_limit for s in states):
+def _process_state(pid: int) -> str:
+    """The state letter of a process of this host from /proc/PID/stat ("R", "S", "T"...), "" when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]  # the field after "(command name)"
+    except (OSError, IndexError):
+        return ""
+
+
+def is_stopped(pid: int) -> bool:
+    """True when the process is stopped (SIGSTOP, SIGTSTP, a debugger)."""
+    return _process_state(pid) in ("T", "t")
+
+
+def _too_long_silent(state: RankState, policy: StallPolicy) -> bool:
+    """Silent past the policy's silence limit, judged for a process seen alive on this host only: a rank whose
+    process ended is gone, not silent (its launcher reports the exit), and another host's cannot be told apart."""
+    pid = state.beat.get("pid")
+    if state.beat.get("host") != socket.gethostname() or not pid or _process_state(pid) in ("", "Z", "X"):
+        return False
+    return state.silent_s > policy.silence_limit(state.beat, is_stopped(pid))[0]
+
+
+def find_stall(states: Sequence[RankState], policy: StallPolicy) -> Optional[Stall]:
+    """The job's stall when any rank has been in its phase longer than its limit, or silent longer than
+    `policy` allows, else None."""
+    if not any(s.over_limit or _too_long_silent(s, policy) for s in states):
         return None
     culprit = min(states, key=_blame_order)
     return Stall(culprit, [s for s in states if s is not culprit])

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from msdist.cluster.files import atomic_write_text
+from msdist.base.files import atomic_write_text
 
 _logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Optional, Sequence
 
-from msdist.cluster.errors import ConfigError
+from msdist.base.errors import ConfigError
 
 # The status of a rank (and of msdist.launch, the retry script, the sbatch step) that saved on a preemption.
 # Not 1 (a crash) nor 2 (a UserError), and not 128+n for any Linux signal n (1..64, so at most 192); at

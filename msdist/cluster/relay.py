@@ -22,8 +22,8 @@ import time
 from typing import Dict, List, Optional
 
 from msdist.cluster import preemption
-from msdist.cluster.cli import cli_main
-from msdist.cluster.errors import ConfigError
+from msdist.base.cli import cli_main
+from msdist.base.errors import ConfigError
 
 _POLL_S = 0.2
 _CHILD_GRACE_S = 5.0     # after the ranks left: time for COMMAND (mpirun, msrun) to end by itself

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from msdist.cluster import job, preemption
+from msdist.cluster import preemption, rendezvous
 
 _GRACE_AFTER_PARENT_S = 3.0
 _JOB_GONE_S = 3.0   # no worker connected and no sibling worker alive for this long: the job is over
@@ -31,7 +31,7 @@ _CHILD_FLAG = "MSDIST_SCHEDULER_CHILD"
 def _die_with_parent(sig: int) -> None:
     """Ask the kernel to send `sig` when our parent exits; exit now if it already has."""
     parent = int(os.environ.get("MSDIST_PARENT_PID", "0"))
-    job.set_parent_death_signal(sig)  # without it (not glibc) the parent-liveness poll in _watch covers us
+    rendezvous.set_parent_death_signal(sig)  # without it (not glibc) the parent-liveness poll in _watch covers us
     if parent and os.getppid() != parent:
         sys.exit(1)  # the parent died before prctl took effect
 
@@ -48,7 +48,7 @@ def _run_scheduler() -> None:
     try:
         init()
     except RuntimeError as e:  # e.g. "The total number of timed out node is 1 ... worker 1 is the first one"
-        print(f"{job.SCHEDULER_PREFIX}MindSpore's scheduler failed: {describe_cluster_error(str(e))}", flush=True)
+        print(f"{rendezvous.SCHEDULER_PREFIX}MindSpore's scheduler failed: {describe_cluster_error(str(e))}", flush=True)
         os._exit(1)  # pylint: disable=protected-access; MindSpore's teardown of a failed cluster takes seconds
 
 
@@ -118,7 +118,7 @@ def serve_job(port: int) -> int:
                              env=dict(os.environ, **{_CHILD_FLAG: "1", "MSDIST_PARENT_PID": str(os.getpid())}))
     gone_since = None
     while child.poll() is None:
-        busy = job.established_connections(port) or _live_sibling_workers()
+        busy = rendezvous.established_connections(port) or _live_sibling_workers()
         gone_since = None if busy else (gone_since or time.monotonic())
         if gone_since is not None and time.monotonic() - gone_since > _JOB_GONE_S:
             child.kill()

@@ -13,19 +13,19 @@ running `python -m msdist.train`. MindSpore-free; msdist/launch.py parses and ch
   preemption signal stops every process it started at once; each worker also gets SIGKILL from the kernel
   if the launcher itself dies (PR_SET_PDEATHSIG), so no path leaves orphans behind.
 
-Two watches on the heartbeats (msdist.cluster.heartbeat), which msdist.train writes from before cluster init:
+Two watches on the heartbeats (msdist.cluster.heartbeat), which msdist.train writes from before cluster
+init, both under the one stall policy (msdist.cluster.stall) the ranks' own watchdogs obey elsewhere:
 
 * progress: a rank in one phase longer than its --stall_timeout allows (main thread stuck in a collective,
   a dead read, a deadlock; the heartbeat thread still writes) fails the attempt with one line that names
   it, what it was doing and where the other ranks wait, after every rank dumped its threads' stacks;
-* liveness: no heartbeat at all (a stopped process, a hang that holds the Python lock). Until the rank's
-  first training step the limit is --startup_timeout, because MindSpore's cluster init and compiler can
-  hold the Python lock (and so silence the heartbeat thread) for a while; from then on it is
-  --heartbeat_timeout.
+* liveness: no heartbeat at all (a stopped process, a hang that holds the Python lock): past
+  --stall_startup_timeout before the rank's first training step, --stall_silence_timeout after it.
+
+How a failed attempt is described (the rank, how it failed, its traceback) is msdist.cluster.failures.
 """
 import dataclasses
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -34,22 +34,18 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from msdist.cluster import heartbeat, job, preemption
-from msdist.cluster.errors import ConfigError, first_line
-from msdist.cluster.files import atomic_write_text
+from msdist.base.errors import ConfigError
+from msdist.base.files import atomic_write_text
+from msdist.cluster import heartbeat, preemption, rendezvous
+from msdist.cluster.failures import Failure, describe_exit, first_cause, traceback_tail, with_cluster_cause
+from msdist.cluster.stall import StallPolicy
 
 _POLL_S = 0.5
 _TERM_GRACE_S = 4.0            # SIGTERM -> SIGKILL; keeps "all stopped" well under 15 s
 _PORT_RELEASE_S = 30.0         # an explicit port must come free again before a restart
-_SCHEDULER_VERDICT_S = 2.0     # how long a failed attempt waits for the scheduler's own account
-# MindSpore SIGTERMs the ranks of a broken cluster as soon as it times a node out, but its scheduler
-# checks its nodes and exits only every 5 s (meta_server_node.cc Finalize): wait for that verdict longer.
-_SCHEDULER_VERDICT_AFTER_SIGTERM_S = 8.0
 _RESOLVE_RETRY_S = 10.0        # nodes > 0: node 0's host name may appear in DNS a little after they start
-_TRACEBACK_LINES = 12
 _STACK_DUMP_S = 1.0            # a stalled job's ranks write their stacks before they are stopped
-_USER_ERROR_EXIT = 2             # msdist.cluster.cli.cli_main's status for a UserError
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
+_USER_ERROR_EXIT = 2             # msdist.base.cli.cli_main's status for a UserError
 
 
 def _say(message: str) -> None:
@@ -67,8 +63,7 @@ class Plan:
     master_addr: str
     master_port: int            # 0 = pick a free port for each attempt (single node only)
     max_restarts: int
-    heartbeat_timeout: float
-    startup_timeout: float       # the stall limit until a rank's first training step
+    stall: StallPolicy           # the train options' --stall_*, obeyed here as the ranks' watchdogs would
     train_args: List[str]
     output_dir: str
     data_dir: str
@@ -93,7 +88,7 @@ class Plan:
 def _die_with_launcher() -> None:
     """Runs in each worker before exec: the kernel kills it if the launcher dies, even by SIGKILL."""
     # Without it (not glibc) SIGTERM/Ctrl-C cleanup still works; only a launcher SIGKILL could orphan.
-    job.set_parent_death_signal(signal.SIGKILL)
+    rendezvous.set_parent_death_signal(signal.SIGKILL)
 
 
 @dataclass
@@ -112,7 +107,7 @@ def _log_paths(log_dir: str, rank: int) -> List[str]:
 
 def worker_env(plan: Plan, local_rank: int, host: str, port: int) -> Dict[str, str]:
     """The variables a local rank gets on top of the launcher's environment."""
-    return {**job.cluster_env(host, port, plan.world_size), "MS_ROLE": "MS_WORKER",
+    return {**rendezvous.cluster_env(host, port, plan.world_size), "MS_ROLE": "MS_WORKER",
             "MS_NODE_ID": str(plan.global_rank(local_rank)), "MSDIST_LOCAL_RANK": str(local_rank),
             "MSDIST_LOCAL_WORLD_SIZE": str(plan.nproc)}
 
@@ -173,113 +168,20 @@ def _stop_all(workers: List[_Worker], scheduler: Optional[subprocess.Popen]) -> 
         scheduler.wait()
 
 
-# ---------------------------------------------------------------- failure reports
-
-@dataclass
-class Failure:
-    """Why an attempt failed: which process, how, and where it was."""
-    rank: Optional[int]              # None: the scheduler
-    how: str                         # "exit code 1", "killed by SIGKILL", "stalled: ..."
-    beat: Optional[dict] = None
-    tail: List[str] = field(default_factory=list)
-    stalled: bool = False
-    silent_since: float = 0.0        # a stalled rank's last sign of life (heartbeat or spawn), time.time()
-    user_error: bool = False         # `msdist: error: ...`: bad option, config or data
-    requeue: bool = False            # not a failure: every rank saved on a preemption and exited for a requeue
-    seen_at: float = field(default_factory=time.monotonic)   # when the launcher noticed
-    stall: Optional[heartbeat.Stall] = None   # a job that stopped making progress: its own account
-
-    def summary(self) -> str:
-        if self.stall is not None:
-            return self.stall.line()
-        if self.requeue:
-            return f"preempted: {self.how}"
-        if self.rank is None:
-            return f"the scheduler failed: {self.how}"
-        if self.beat is None:
-            where = "no heartbeat yet"
-        elif self.beat["epoch"] == 0:
-            where = "no training step yet (cluster init, compile or resume)"
-        else:
-            where = (f"last reported epoch {self.beat['epoch']} step {self.beat['step']} "
-                     f"(global step {self.beat['global_step']}) in {self.beat.get('phase', '?')}")
-        return f"rank {self.rank} failed: {self.how}; {where}"
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-def _lines_since(path: str, offset: int, limit: int = 400) -> List[str]:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode("utf-8", errors="replace").splitlines()[-limit:]
-    except OSError:
-        return []
-
-
-def traceback_tail(log_offsets: Dict[str, int]) -> List[str]:
-    """The end of the last traceback (or else the last error line) written after the given offsets.
-
-    Args:
-        log_offsets: log path -> where this attempt began, in the order to search them.
-    """
-    for path, offset in log_offsets.items():
-        lines = _lines_since(path, offset)
-        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
-        if starts:
-            block = lines[starts[-1]:]
-            # End at the exception line: MindSpore appends pages of graph source after it.
-            ends = [i for i, line in enumerate(block) if _EXCEPTION_LINE.match(line)]
-            if not ends:
-                return block[-_TRACEBACK_LINES:]
-            end = ends[-1]
-            exception = block[end]
-            if exception.rstrip().endswith(":"):
-                # MindSpore's RuntimeError puts its message below rulers and a heading: bring it up.
-                exception = exception.rstrip() + " " + first_line("\n".join(block[end + 1:end + 12]))
-            return [*block[:end], exception][-_TRACEBACK_LINES:]
-        errors = [line for line in lines if " ERROR " in line or line.startswith("msdist: error")]
-        if errors:
-            return errors[-1:]
-    return []
-
-
-def _is_stopped(pid: int) -> bool:
-    """True when the process is stopped (SIGSTOP, SIGTSTP, a debugger), from /proc/PID/stat."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]  # the field after "(command name)"
-    except (OSError, IndexError):
-        return False
-    return state in ("T", "t")
-
-
 def _check_worker(w: _Worker, plan: Plan) -> Optional[Failure]:
     code = w.proc.poll()
     beat = heartbeat.read(w.heartbeat_path)
     if beat is not None and beat.get("pid") != w.proc.pid:
         beat = None  # left by an older process
     if code is not None and code < 0:
-        return Failure(w.rank, _describe_exit(code), beat)  # killed: there is no traceback to show
+        return Failure(w.rank, describe_exit(code), beat)  # killed: there is no traceback to show
     if code is not None and code > 0 and code != preemption.REQUEUE_EXIT:
-        return Failure(w.rank, _describe_exit(code), beat, traceback_tail(w.log_offsets),
+        return Failure(w.rank, describe_exit(code), beat, traceback_tail(w.log_offsets),
                        user_error=code == _USER_ERROR_EXIT)
     if code is not None:
         return None
-    # Before the first training step MindSpore's cluster init and compiler may hold the Python lock
-    # and silence the heartbeat thread (measured: ~8 s on a busy 2-core machine), hence the longer
-    # start-up limit. A stopped process is not compiling, so it gets the training limit at any time.
-    stopped = _is_stopped(w.proc.pid)
-    training = beat is not None and beat["epoch"] > 0
-    limit, option = (plan.heartbeat_timeout, "--heartbeat_timeout") if training or stopped else \
-        (plan.startup_timeout, "--startup_timeout")
+    stopped = heartbeat.is_stopped(w.proc.pid)
+    limit, option = plan.stall.silence_limit(beat, stopped)
     alive_at = beat["time"] if beat is not None else w.started
     silent = time.time() - alive_at
     if silent <= limit:
@@ -287,11 +189,6 @@ def _check_worker(w: _Worker, plan: Plan) -> Optional[Failure]:
     what = f"no heartbeat for {silent:.0f} s" if beat is not None else f"no heartbeat in {silent:.0f} s since start"
     return Failure(w.rank, f"stalled: {what}{' (process stopped)' if stopped else ''} ({option} {limit:g})", beat,
                    stalled=True, silent_since=alive_at)
-
-
-def _first_cause(failures: List[Failure]) -> Failure:
-    """A rank that died explains the others; among stalls, the rank silent the longest blocked the rest."""
-    return min(failures, key=lambda f: (f.stalled, f.silent_since))
 
 
 # ---------------------------------------------------------------- one attempt
@@ -306,29 +203,13 @@ class _Stop(Exception):
 
 def _pick_port(plan: Plan, attempt: int) -> int:
     if plan.master_port == 0:
-        return job.free_port(plan.master_addr)
+        return rendezvous.free_port(plan.master_addr)
     if plan.node_rank == 0 and attempt > 0:
         # The previous scheduler was just killed; its socket can linger briefly.
         deadline = time.monotonic() + _PORT_RELEASE_S
-        while job.port_in_use(plan.master_addr, plan.master_port) and time.monotonic() < deadline:
+        while rendezvous.port_in_use(plan.master_addr, plan.master_port) and time.monotonic() < deadline:
             time.sleep(0.5)
     return plan.master_port
-
-
-def _with_cluster_cause(failure: Failure, scheduler: Optional[subprocess.Popen], log_dir: str) -> Failure:
-    """On node 0, a local rank that died because MindSpore's cluster timed out a rank elsewhere: name
-    that rank too (the scheduler says which, right before it exits)."""
-    if scheduler is None or failure.rank is None or failure.how == "killed by SIGKILL":
-        return failure  # a SIGKILLed rank is the cause itself (MindSpore ends ranks of a broken cluster by SIGTERM)
-    try:
-        scheduler.wait(timeout=_SCHEDULER_VERDICT_AFTER_SIGTERM_S if failure.how == "killed by SIGTERM"
-                       else _SCHEDULER_VERDICT_S)
-    except subprocess.TimeoutExpired:
-        return failure
-    cause = job.describe_timeout(job.scheduler_verdict(os.path.join(log_dir, "scheduler.log")))
-    if cause:
-        failure.how = f"{failure.how}, after {cause}"
-    return failure
 
 
 def _generation_path(plan: Plan) -> str:
@@ -350,10 +231,10 @@ def _new_generation(plan: Plan) -> None:
 
 
 def _wait_for_new_generation(plan: Plan, joined: str) -> None:
-    deadline = time.monotonic() + plan.startup_timeout
+    deadline = time.monotonic() + plan.stall.stall_startup_timeout
     while _read_generation(plan) == joined:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"node 0 did not start a new scheduler within {plan.startup_timeout:.0f} s")
+            raise RuntimeError(f"node 0 did not start a new scheduler within {plan.stall.stall_startup_timeout:.0f} s")
         time.sleep(0.2)
 
 
@@ -371,12 +252,12 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[st
         try:
             if plan.node_rank == 0:
                 _new_generation(plan)
-                scheduler = job.start_scheduler(plan.master_addr, port, plan.world_size,
+                scheduler = rendezvous.start_scheduler(plan.master_addr, port, plan.world_size,
                                                     os.path.join(plan.log_dir, "scheduler.log"))
             elif attempt > 0:
                 _wait_for_new_generation(plan, joined.get("generation", ""))
             # Workers that find no scheduler back off for tens of seconds, so only start them once it listens.
-            job.wait_until_listening(plan.master_addr, port, plan.startup_timeout)
+            rendezvous.wait_until_listening(plan.master_addr, port, plan.stall.stall_startup_timeout)
         except RuntimeError as e:
             where = "" if plan.node_rank == 0 else "; check --master_addr/--master_port and that node 0's launcher runs"
             return Failure(None, f"{e}{where}")
@@ -392,8 +273,8 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[st
             forwarder.forward([w.proc.pid for w in workers])
             failures = [f for f in (_check_worker(w, plan) for w in workers) if f is not None]
             if failures:
-                return _with_cluster_cause(_first_cause(failures), scheduler, plan.log_dir)
-            stall = heartbeat.find_stall(progress.poll())
+                return with_cluster_cause(first_cause(failures), scheduler, plan.log_dir)
+            stall = heartbeat.find_stall(progress.poll(), plan.stall)
             if stall is not None:
                 _dump_stacks(workers, plan.log_dir, stall.line())
                 return Failure(stall.rank, "stalled", stall.culprit.beat, stalled=True, stall=stall)
@@ -406,8 +287,8 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[st
                 return None
             if scheduler is not None and scheduler.poll() not in (None, 0):
                 log = os.path.join(plan.log_dir, "scheduler.log")
-                verdict = job.scheduler_verdict(log)
-                how = job.describe_timeout(verdict) or verdict or f"exit code {scheduler.returncode}"
+                verdict = rendezvous.scheduler_verdict(log)
+                how = rendezvous.describe_timeout(verdict) or verdict or f"exit code {scheduler.returncode}"
                 return Failure(None, f"{how} (see {log})")
             time.sleep(_POLL_S)
     finally:
@@ -433,9 +314,7 @@ def _dump_stacks(workers: List[_Worker], log_dir: str, why: str) -> None:
 
 
 def _report(failure: Failure, stopped_in_s: float, log_dir: str) -> None:
-    record = failure.stall.record() if failure.stall is not None else \
-        {"kind": "failure", "message": failure.summary(), "rank": failure.rank, "traceback": failure.tail}
-    heartbeat.write_failure(log_dir, record)
+    heartbeat.write_failure(log_dir, failure.record())
     _say(f"{failure.summary()}; stopped all processes in {stopped_in_s:.1f} s")
     for line in failure.tail:
         print(f"  rank {failure.rank} | {line}", file=sys.stderr, flush=True)
@@ -444,7 +323,7 @@ def _report(failure: Failure, stopped_in_s: float, log_dir: str) -> None:
 def supervise(plan: Plan, forwarder: preemption.Forwarder) -> int:
     """Run attempts until one succeeds, the restart budget is spent or the job is preempted; the exit status."""
     os.makedirs(plan.log_dir, exist_ok=True)
-    if plan.node_rank == 0 and plan.master_port and job.port_in_use(plan.master_addr, plan.master_port):
+    if plan.node_rank == 0 and plan.master_port and rendezvous.port_in_use(plan.master_addr, plan.master_port):
         raise ConfigError(f"--master_port {plan.master_port} is already in use on {plan.master_addr}; "
                           "choose another port or omit --master_port to pick a free one")
     train_args = plan.train_args
@@ -490,7 +369,7 @@ def run(plan: Plan) -> int:
     one, Ctrl-C (or SIGTERM when it is not the preemption signal) stop every process it started."""
     # MindSpore's cluster accepts only literal IPs: a host name is resolved here, once, for every rank.
     # Other nodes may start before node 0's name is in DNS (Kubernetes), so they retry for a few seconds.
-    plan = dataclasses.replace(plan, master_addr=job.resolve_host(
+    plan = dataclasses.replace(plan, master_addr=rendezvous.resolve_host(
         plan.master_addr, "--master_addr", retry_s=_RESOLVE_RETRY_S if plan.node_rank else 0.0))
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)

@@ -25,8 +25,9 @@ import sys
 import threading
 import time
 
+from msdist.base.launch_env import LaunchEnv
 from msdist.cluster import heartbeat
-from msdist.cluster.job import LaunchEnv
+from msdist.cluster.stall import StallPolicy
 
 _POLL_S = 1.0
 _REPORT_GRACE_S = 5.0    # a rank other than the reporter waits this long for the reporter's record
@@ -50,10 +51,11 @@ class Watchdog:
         rank: this rank.
         world_size: ranks in the job.
         log_path: this rank's log, where its stacks go.
+        policy: the stall limits, the same the launcher's supervisor obeys.
     """
 
-    def __init__(self, log_dir: str, rank: int, world_size: int, log_path: str):
-        self.log_dir, self.rank, self.log_path = log_dir, rank, log_path
+    def __init__(self, log_dir: str, rank: int, world_size: int, log_path: str, policy: StallPolicy):
+        self.log_dir, self.rank, self.log_path, self.policy = log_dir, rank, log_path, policy
         self.record_path = os.path.join(log_dir, heartbeat.FAILURE_FILE)
         # A previous run's record (a retried job in the same output_dir) says nothing about this one.
         self._old_record = _record_text(self.record_path)
@@ -70,7 +72,7 @@ class Watchdog:
             time.sleep(_POLL_S)
             if _record_text(self.record_path) != self._old_record:
                 self._end("another rank ended the job (see logs/failure.json)", linger_s=0.0)
-            stall = heartbeat.find_stall(self._tracker.poll())
+            stall = heartbeat.find_stall(self._tracker.poll(), self.policy)
             if stall is None:
                 seen_at = None
                 continue
@@ -107,24 +109,23 @@ class Watchdog:
         os._exit(_EXIT_STALLED)  # pylint: disable=protected-access; the main thread may never run again
 
 
-def watch_this_rank(log_dir: str, launch: LaunchEnv, stall_timeout: str) -> heartbeat.Heartbeat:
+def watch_this_rank(log_dir: str, launch: LaunchEnv, policy: StallPolicy) -> heartbeat.Heartbeat:
     """Start this rank's heartbeat, and its watchdog unless msdist.launch's supervisor watches the job.
 
     Args:
         log_dir: `{output_dir}/logs`.
         launch: how this process was started.
-        stall_timeout: `--stall_timeout` (`auto`, `0` or seconds).
+        policy: the stall options (`StallPolicy.from_options`).
     """
-    policy = heartbeat.StallPolicy.parse(stall_timeout)
     beat = heartbeat.Heartbeat(log_dir, launch.rank, policy).start()
     if needed(launch, policy):
-        Watchdog(log_dir, launch.rank, launch.world_size, rank_log(log_dir, launch.rank)).start()
+        Watchdog(log_dir, launch.rank, launch.world_size, rank_log(log_dir, launch.rank), policy).start()
     return beat
 
 
-def needed(launch: LaunchEnv, policy: heartbeat.StallPolicy) -> bool:
+def needed(launch: LaunchEnv, policy: StallPolicy) -> bool:
     """Whether this rank runs a watchdog: always, unless msdist.launch's supervisor watches or watching is off."""
-    return launch.launcher != "msdist.launch" and policy.timeout_s != 0
+    return launch.launcher != "msdist.launch" and policy.watches_progress
 
 
 def rank_log(log_dir: str, rank: int) -> str:

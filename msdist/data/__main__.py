@@ -8,8 +8,8 @@
 import argparse
 import sys
 
-from msdist.cluster.cli import cli_main
-from msdist.cluster.errors import ConfigError, DataError
+from msdist.base.cli import cli_main
+from msdist.base.errors import ConfigError, DataError
 from msdist.run.config import ArgumentParser, boolean
 
 

@@ -11,7 +11,7 @@ from typing import Tuple
 
 import numpy as np
 
-from msdist.cluster.errors import ConfigError
+from msdist.base.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from msdist.cluster.errors import DataError, first_line
-from msdist.cluster.files import atomic_write_text
+from msdist.base.errors import DataError, first_line
+from msdist.base.files import atomic_write_text
 from msdist.cluster.runtime import usable_cores
 from msdist.data.pipeline import IMAGE_EXTENSIONS, TEST_SPLIT, TRAIN_SPLIT, is_image
 

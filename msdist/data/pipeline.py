@@ -25,7 +25,7 @@ import numpy as np
 from msdist.data import plan
 from msdist.data.augment import (Regularization, color_jitter, flip_batch, mix_batch, normalize, pad_crop_flip_batch,
                                  resized_crop_box, soft_labels, to_nchw)
-from msdist.cluster.errors import DataError
+from msdist.base.errors import DataError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp")
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)  # ImageNet statistics, as in the model zoo

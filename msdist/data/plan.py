@@ -15,7 +15,7 @@ import numpy as np
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from msdist.cluster.errors import ConfigError, DataError
+from msdist.base.errors import ConfigError, DataError
 
 # Streams of `uniform`: one per independent random choice, so adding one never shifts another.
 STREAM_CROP_Y, STREAM_CROP_X, STREAM_FLIP = 1, 2, 3

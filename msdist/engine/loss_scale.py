@@ -22,7 +22,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 import mindspore as ms
 
-from msdist.cluster.errors import NonFiniteError, alike_on_every_rank
+from msdist.base.errors import NonFiniteError, alike_on_every_rank
 from msdist.engine import precision
 
 STATE_PREFIX = "loss_scale."

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Union
 
-from msdist.cluster.errors import ConfigError
+from msdist.base.errors import ConfigError
 
 _logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from msdist.cluster.errors import ConfigError
+from msdist.base.errors import ConfigError
 
 COMPRESSIONS = ("none", "fp16", "topk", "threshold")
 RESIDUAL_PREFIX = "residual."

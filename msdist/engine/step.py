@@ -4,7 +4,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from models import DEFAULT_CONVENTION
-from msdist.cluster.errors import ConfigError
+from msdist.base.errors import ConfigError
 
 
 class ScaledUpdate(nn.Cell):

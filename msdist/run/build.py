@@ -11,8 +11,8 @@ from typing import Dict, Sequence, Tuple
 import numpy as np
 
 from models import DEFAULT_CONVENTION
+from msdist.base.errors import DataError, alike_on_every_rank
 from msdist.cluster import runtime
-from msdist.cluster.errors import DataError, alike_on_every_rank
 from msdist.data import augment, pipeline, plan
 from msdist.run import config
 

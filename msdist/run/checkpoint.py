@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from models import DEFAULT_CONVENTION
-from msdist.cluster.errors import CheckpointError, first_line
-from msdist.cluster.files import atomic_write_text, replace_durably
+from msdist.base.errors import CheckpointError, first_line
+from msdist.base.files import atomic_write_text, replace_durably
 from msdist.run.position import Position
 
 _logger = logging.getLogger(__name__)

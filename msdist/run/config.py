@@ -17,8 +17,9 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import yaml
 
-from msdist.cluster import heartbeat, preemption
-from msdist.cluster.errors import ConfigError, first_line
+from msdist.base import launch_env
+from msdist.base.errors import ConfigError, first_line
+from msdist.cluster import preemption, stall
 from msdist.cluster.runtime import CPU_ISA_CHOICES
 from msdist.engine import precision
 
@@ -161,10 +162,8 @@ TRAIN_OPTIONS = [
          "accept neither)", choices=("float16", "bfloat16")),
     _opt("verbose", boolean, False, "show MindSpore's own C++ INFO/WARNING lines", hashed=False),
     _opt("log_every", int, 10, "print a progress line every N steps", min=1, hashed=False),
-    _opt("stall_timeout", str, "auto", "end the job when a rank makes no progress for this many seconds (stuck in "
-         "a collective, a dead read, a deadlock): auto = max(300, 10x the median step time); compile, evaluation "
-         "and checkpoint saves get allowances scaled from their own duration; 0 = off (docs/launch.md)",
-         hashed=False, check=heartbeat.check_stall_timeout),
+    # the stall option family (msdist/cluster/stall.py), which msdist.launch reads from the train options too
+    *[_opt(k.name, k.type, k.default, k.help, hashed=False, check=k.parse) for k in stall.KNOBS],
     _opt("tensorboard", boolean, False, "also write TensorBoard scalars under {output_dir}/tb (pip install "
          "'msdist[tensorboard]')", hashed=False),
     # checkpoints and evaluation
@@ -291,6 +290,21 @@ def _split_unknown(parser: ArgumentParser, argv: Sequence[str], known: Sequence[
     return ns
 
 
+def renamed_to_current(argv: Sequence[str]) -> List[str]:
+    """`argv` with options that were renamed (`stall.RENAMED`) written under their current names; one line
+    on stderr names each new name, so that scripts move over (from rank 0 only: every rank reads the same)."""
+    out = []
+    for token in argv:
+        key, eq, value = token[2:].partition("=") if token.startswith("--") else ("", "", "")
+        if key in stall.RENAMED:
+            if launch_env.detect_launch().rank == 0:
+                print(f"msdist: --{key} is now --{stall.RENAMED[key]} (docs/launch.md#stall-options)",
+                      file=sys.stderr, flush=True)
+            token = f"--{stall.RENAMED[key]}{eq}{value}"
+        out.append(token)
+    return out
+
+
 def parse(argv: Optional[Sequence[str]] = None, options: Sequence[Option] = TRAIN_OPTIONS,
           prog: str = "msdist.train", suggest_also: Sequence[str] = ()) -> argparse.Namespace:
     """Resolve the configuration: schema defaults < YAML < command line.
@@ -303,7 +317,8 @@ def parse(argv: Optional[Sequence[str]] = None, options: Sequence[Option] = TRAI
     """
     by_name = {o.name: o for o in options}
     parser = _build_parser(prog, options)
-    cli = _split_unknown(parser, list(sys.argv[1:] if argv is None else argv), list(by_name) + list(suggest_also))
+    cli = _split_unknown(parser, renamed_to_current(sys.argv[1:] if argv is None else argv),
+                         list(by_name) + list(suggest_also))
     values = {o.name: o.default for o in options}
     if cli.config:
         for key, value in _load_yaml(cli.config).items():

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, TextIO, Tuple
 
-from msdist.cluster.errors import ConfigError
-from msdist.cluster.files import atomic_write_text
+from msdist.base.errors import ConfigError
+from msdist.base.files import atomic_write_text
 from msdist.run.position import Position
 
 _logger = logging.getLogger(__name__)

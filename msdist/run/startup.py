@@ -20,8 +20,9 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Sequence, Tuple
 
+from msdist.base import launch_env
+from msdist.base.errors import ConfigError, alike_on_every_rank
 from msdist.cluster import device, distributed, job, runtime
-from msdist.cluster.errors import ConfigError, alike_on_every_rank
 from msdist.data import pipeline, plan
 from msdist.engine import precision
 from msdist.run import config
@@ -38,7 +39,7 @@ RUNTIME_OPTIONS = tuple(o for o in config.TRAIN_OPTIONS
 @dataclass(frozen=True)
 class Started:
     cfg: argparse.Namespace
-    launch: job.LaunchEnv
+    launch: launch_env.LaunchEnv
     rt: runtime.RuntimeInfo
     device: device.DevicePlan   # from the host's files; distributed.init confirms a GPU with MindSpore
 
@@ -117,7 +118,7 @@ def compile_cache_path(cfg, world_size: int, device_target: str) -> str:
                                      precision.resolve_amp_level(cfg.amp_level, device_target))
 
 
-def decide_device(cfg, launch: job.LaunchEnv, probe: device.GpuProbe) -> device.DevicePlan:
+def decide_device(cfg, launch: launch_env.LaunchEnv, probe: device.GpuProbe) -> device.DevicePlan:
     """This rank's device, from the host's GPU facts; the device or the launch known to fail is one line.
 
     Raises:
@@ -138,7 +139,7 @@ def start(argv=None, *, options: Sequence[config.Option] = config.TRAIN_OPTIONS,
     Raises:
         UserError: any mistake `checks` find (reported as one line, exit status 2, by `cli.cli_main`).
     """
-    launch = job.detect_launch()
+    launch = launch_env.detect_launch()
     if launch.kind == "scheduler":  # msrun starts this same command as MindSpore's scheduler too
         raise SystemExit(distributed.run_scheduler_role(launch))
     with alike_on_every_rank():  # the same options and files on every rank: one rank per host reports
@@ -173,7 +174,7 @@ def start_standalone(device_target: str = "auto", verbose: bool = False, cpu_isa
     """Steps 4-5 for one process outside any job (predict, export, in-process benchmarks): the environment
     first, then MindSpore's context (graph mode, device) and thread pool. No log file."""
     rt = runtime.prepare(verbose, cpu_isa, 1, bind_cores=False)
-    distributed.init(job.detect_launch({}), device_target, log_dir="", deterministic=deterministic)
+    distributed.init(launch_env.detect_launch({}), device_target, log_dir="", deterministic=deterministic)
     runtime.configure_mindspore(rt)
     return rt
 

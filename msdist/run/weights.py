@@ -36,7 +36,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from models import DEFAULT_CONVENTION, TORCH_CONVENTION
-from msdist.cluster.errors import CheckpointError, ConfigError, first_line
+from msdist.base.errors import CheckpointError, ConfigError, first_line
 from msdist.run import checkpoint
 
 _logger = logging.getLogger(__name__)
@@ -304,7 +304,7 @@ def convert(path: str, output: str) -> str:
     """
     import mindspore as ms
     from models import create_model
-    from msdist.cluster.files import replace_durably
+    from msdist.base.files import replace_durably
 
     if not output.endswith(".ckpt"):
         raise ConfigError(f"the converted file must end in .ckpt (a MindSpore checkpoint), not {output}")

@@ -5,8 +5,8 @@ import logging
 import os
 import sys
 
-from msdist.cluster import job
-from msdist.cluster.errors import UserError, first_line
+from msdist.base import launch_env
+from msdist.base.errors import UserError, first_line
 
 # Configured by monitor.setup_logging to reach the rank's log file only, never the console.
 _crash_logger = logging.getLogger("msdist.crash")
@@ -14,7 +14,7 @@ _crash_logger = logging.getLogger("msdist.crash")
 
 def _reports_for_its_host() -> bool:
     """Rank 0, and local rank 0 of every other host (whose files may differ from rank 0's)."""
-    launch = job.detect_launch()  # environment only, no MindSpore
+    launch = launch_env.detect_launch()  # environment only, no MindSpore
     if launch.rank == 0:
         return True
     return launch.local_world_size < launch.world_size and launch.local_rank == 0
@@ -61,7 +61,7 @@ def cli_main(func):
             first = first_line(str(e))
             hint = f"; full traceback in {where}" if where else ""
               # under mpirun the console mixes every rank's lines
-            print(f"msdist: {type(e).__name__}: {first}{job.rank_label(os.environ)}{hint}", file=sys.stderr, flush=True)
+            print(f"msdist: {type(e).__name__}: {first}{launch_env.rank_label(os.environ)}{hint}", file=sys.stderr, flush=True)
             if where is None:
                 raise
             raise SystemExit(1) from None
