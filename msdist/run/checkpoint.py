@@ -370,7 +370,7 @@ def resume_meta(resume: str, directory: str, prefix: str, rank: int) -> Dict:
     """
     if resume != "auto":
         return stored_meta(resume) if resume else {}
-    found = list_checkpoints(directory, prefix, rank)
+    found = list_checkpoints(directory, prefix, rank) or list_checkpoints(directory, prefix, 0)  # a grown job's new rank
     return stored_meta(found[0].path) if found else {}
 
 
@@ -407,23 +407,6 @@ def _check_fits(path: str, params: Dict, expected: Dict[str, tuple]) -> None:
         raise CheckpointError(f"checkpoint {path} does not fit the model: {'; '.join(problems[:6])}")
 
 
-def _agreed_checkpoint(directory: str, prefix: str, rank: int, collectives) -> Optional[CheckpointInfo]:
-    """Every rank's newest good checkpoint, lowered to the newest step that all ranks have."""
-    mine = latest_good(directory, prefix, rank)
-    steps = collectives.gather([mine.position.global_step if mine else -1])[:, 0]
-    agreed = int(steps.min())
-    if agreed < 0:
-        if mine is not None or steps.max() >= 0:
-            _logger.warning("resume auto: some ranks have no good checkpoint (global steps %s); starting fresh",
-                            steps.astype(int).tolist())
-        return None
-    info = mine if mine.position.global_step == agreed else latest_good(directory, prefix, rank, at_most_step=agreed)
-    if info is None or info.position.global_step != agreed:
-        raise CheckpointError(f"ranks agreed to resume from global step {agreed}, but rank {rank} has no good "
-                              f"checkpoint at that step in {directory}; raise keep_checkpoint_max or start fresh")
-    return info
-
-
 def is_training_state(name: str) -> bool:
     """Whether a checkpoint entry is training state (optimizer, residuals) rather than part of the model."""
     return name.startswith(training_state_prefixes())
@@ -457,7 +440,7 @@ class Saver:
         net: the model; its parameters are the model part of every checkpoint.
         train_state: the other Parameters an exact resume needs (optimizer moments and step counter,
             gradient-compression residuals, loss scale, EMA), each named under `training_state_prefixes()`.
-        collectives: `distributed.Collectives`, for the replica check and for agreeing on a resume point.
+        collectives: `distributed.Collectives`, for the replica check and sharing files with rank 0.
         meta: the model's metadata (`inference.model_meta`), stored in every checkpoint so predict and
             export need nothing else.
     """
@@ -542,25 +525,13 @@ class Saver:
         if theirs is not None and theirs["sha256"] == digest:   # else rank 0 writes elsewhere (another host)
             _link(first, path)   # where the file system has no hard links, the copy stays
 
-    def resume(self, resume: str) -> Optional[CheckpointInfo]:
-        """Restore every Parameter this Saver writes (model and training state) from a checkpoint.
-
-        Args:
-            resume: "" (fresh start), "auto" (newest checkpoint every rank has) or a checkpoint path.
+    def resume(self, path: str) -> CheckpointInfo:
+        """Restore every Parameter this Saver writes (model and training state) from checkpoint `path`
+        (`--resume PATH`, or the one `resume_point.agree` chose for `--resume auto`).
 
         Returns:
-            The checkpoint restored, with the position it recorded; None for a fresh start.
+            The checkpoint restored, with the position it recorded.
         """
-        if not resume:
-            return None
-        if resume == "auto":
-            info = _agreed_checkpoint(self.directory, self.prefix, self.rank, self.collectives)
-            if info is None:
-                _logger.info("resume auto: no checkpoint in %s yet; starting fresh", self.directory)
-                return None
-            path = info.path
-        else:
-            path = resume
         loaded = load(path, _expected(self.params))
         for param in self.params:  # `load` checked that names, shapes and dtypes are exactly these
             param.set_data(loaded["params"][param.name].data, param.sliced)  # as ms.load_param_into_net

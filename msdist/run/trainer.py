@@ -20,7 +20,7 @@ from typing import Optional
 from msdist.cluster import distributed, preemption
 from msdist.data import pipeline
 from msdist.engine import loss_scale, optim, reducers
-from msdist.run import checkpoint, config, evaluation, inference, monitor
+from msdist.run import checkpoint, config, evaluation, inference, monitor, resume_point
 from msdist.run.background_save import BackgroundSaver
 from msdist.run.build import Data, Model, checkpoint_place
 from msdist.run.position import Position
@@ -85,9 +85,18 @@ class Trainer:
 
     def resume(self) -> Position:
         """Restore the checkpoint `--resume` names (every resumable Parameter); where training continues."""
-        info = self.saver.resume(self.cfg.resume)
-        if info is None:
+        path, rank0s = self.cfg.resume, False
+        if path == "auto":
+            point = resume_point.agree(self.saver.directory, self.saver.prefix, self.dist.rank, self.collectives)
+            if point is None:
+                _logger.info("resume auto: no checkpoint in %s yet; starting fresh", self.saver.directory)
+                return Position()
+            path, rank0s = point.info.path, point.rank0s
+        if not path:
             return Position()
+        info = self.saver.resume(path)
+        if rank0s:
+            resume_point.drop_residuals(self.saver.params)  # rank 0's unsent gradient is not this rank's
         at = info.position.resumed(self.steps_per_epoch, info.path)
         _logger.info("resumed from %s: epoch %d, step %d of %d, global step %d", info.path, at.next_epoch(
             self.steps_per_epoch), at.skip(self.steps_per_epoch), self.steps_per_epoch, at.global_step)
