@@ -260,8 +260,9 @@ def load(path: str, expected: Dict[str, tuple], optional_prefixes: tuple = ()) -
     Args:
         path: a MindSpore .ckpt (protobuf) or .safetensors file.
         expected: parameter name -> (shape, dtype string) of everything that must be restored.
-        optional_prefixes: extra names starting with these are dropped instead of reported as unexpected
-            (evaluation ignores the optimizer state a training checkpoint carries).
+        optional_prefixes: names starting with these may be missing from the file, and extra ones are dropped
+            instead of reported as unexpected (evaluation ignores the optimizer state a training checkpoint
+            carries; a job of another world size has other gradient-compression residuals).
 
     Returns:
         {'params': {name: Parameter}, 'state': {epoch, step, global_step, config_hash} (may be empty),
@@ -275,7 +276,7 @@ def load(path: str, expected: Dict[str, tuple], optional_prefixes: tuple = ()) -
     meta = json.loads(raw.pop(META_KEY, "{}"))
     for name in [n for n in raw if n not in expected and n.startswith(optional_prefixes)]:
         del raw[name]
-    _check_fits(path, raw, expected)
+    _check_fits(path, raw, {n: v for n, v in expected.items() if n in raw or not n.startswith(optional_prefixes)})
     return {"params": raw, "state": state, "meta": meta}
 
 
@@ -407,6 +408,13 @@ def _check_fits(path: str, params: Dict, expected: Dict[str, tuple]) -> None:
         raise CheckpointError(f"checkpoint {path} does not fit the model: {'; '.join(problems[:6])}")
 
 
+def _zeros_like(param):
+    """A tensor of zeros with `param`'s shape and dtype."""
+    import mindspore as ms
+    import numpy as np
+    return ms.Tensor(np.zeros(param.shape, dtype=ms.dtype_to_nptype(param.dtype)))
+
+
 def is_training_state(name: str) -> bool:
     """Whether a checkpoint entry is training state (optimizer, residuals) rather than part of the model."""
     return name.startswith(training_state_prefixes())
@@ -525,16 +533,33 @@ class Saver:
         if theirs is not None and theirs["sha256"] == digest:   # else rank 0 writes elsewhere (another host)
             _link(first, path)   # where the file system has no hard links, the copy stays
 
-    def resume(self, path: str) -> CheckpointInfo:
+    def resume(self, path: str, drop_residuals: bool = False) -> CheckpointInfo:
         """Restore every Parameter this Saver writes (model and training state) from checkpoint `path`
         (`--resume PATH`, or the one `resume_point.agree` chose for `--resume auto`).
+
+        Gradient-compression residuals are rank-local: restored only when the file holds exactly this job's
+        (same world size, this rank's own file); otherwise they start from zero, as in a fresh run.
+
+        Args:
+            drop_residuals: the file is another rank's (rank 0's, for a rank that had none of its own).
 
         Returns:
             The checkpoint restored, with the position it recorded.
         """
-        loaded = load(path, _expected(self.params))
+        from msdist.engine import reducers
+        residual = reducers.RESIDUAL_PREFIX
+        loaded = load(path, _expected(self.params), optional_prefixes=(residual,))
+        mine = {p.name for p in self.params if p.name.startswith(residual)}
+        theirs = {n for n in loaded["params"] if n.startswith(residual)}
+        if mine != theirs and not drop_residuals:  # a rank resuming from rank 0's file has said so already
+            _logger.warning("%s holds %d gradient-compression residuals, this job %d (the world size changed): "
+                            "they start from zero", path, len(theirs), len(mine))
+        keep_residuals = mine == theirs and not drop_residuals
         for param in self.params:  # `load` checked that names, shapes and dtypes are exactly these
-            param.set_data(loaded["params"][param.name].data, param.sliced)  # as ms.load_param_into_net
+            if param.name.startswith(residual) and not keep_residuals:
+                param.set_data(_zeros_like(param))
+            else:
+                param.set_data(loaded["params"][param.name].data, param.sliced)  # as ms.load_param_into_net
         state = loaded["state"]
         if state.get("config_hash") not in (None, self.config_hash):
             _logger.warning("resuming from %s, which was written with a different config (hash %s, now %s)",

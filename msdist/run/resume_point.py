@@ -62,14 +62,3 @@ def _own_at(directory: str, prefix: str, rank: int, mine: checkpoint.CheckpointI
                               f"checkpoint at that step in {directory}; raise keep_checkpoint_max or start fresh")
     return info
 
-
-def drop_residuals(params) -> int:
-    """Zero the gradient-compression residuals among `params` (restored from rank 0's file, they are rank 0's own
-    unsent gradient, not this rank's). Returns how many there were."""
-    import mindspore as ms
-    import numpy as np
-    from msdist.engine import reducers
-    residuals = [p for p in params if p.name.startswith(reducers.RESIDUAL_PREFIX)]
-    for param in residuals:
-        param.set_data(ms.Tensor(np.zeros(param.shape, dtype=ms.dtype_to_nptype(param.dtype))))
-    return len(residuals)

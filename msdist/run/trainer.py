@@ -94,9 +94,7 @@ class Trainer:
             path, rank0s = point.info.path, point.rank0s
         if not path:
             return Position()
-        info = self.saver.resume(path)
-        if rank0s:
-            resume_point.drop_residuals(self.saver.params)  # rank 0's unsent gradient is not this rank's
+        info = self.saver.resume(path, drop_residuals=rank0s)  # rank 0's unsent gradient is not this rank's
         at = info.position.resumed(self.steps_per_epoch, info.path)
         _logger.info("resumed from %s: epoch %d, step %d of %d, global step %d", info.path, at.next_epoch(
             self.steps_per_epoch), at.skip(self.steps_per_epoch), self.steps_per_epoch, at.global_step)
