@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -52,25 +53,32 @@ listener = preemption.Listener(signal.SIGTERM)
 print("ready", flush=True)
 if sys.argv[1] == "self":
     os.kill(os.getpid(), signal.SIGTERM)  # what MindSpore does to the ranks of a broken cluster
-deadline = time.monotonic() + 30
-while not listener.requested and time.monotonic() < deadline:
+deadline = time.monotonic() + (30 if sys.argv[1] == "other_twice" else 10)
+while time.monotonic() < deadline and not (listener.requested and sys.argv[1] == "other"):
     time.sleep(0.05)
 print("requested" if listener.requested else "not requested", flush=True)
 """
 
 
-@pytest.mark.parametrize("sender", ["self", "other"])
-def test_a_signal_this_process_sent_itself_is_not_a_preemption(sender):
-    proc = subprocess.Popen([sys.executable, "-c", _LISTENING, sender], stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=REPO))
+@pytest.mark.parametrize("sender", ["self", "other", "other_twice"])
+def test_a_signal_this_process_sent_itself_is_not_a_preemption_and_a_second_one_stops_at_once(sender):
+    proc = subprocess.Popen([sys.executable, "-c", _LISTENING, sender], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONPATH=REPO))
     assert proc.stdout.readline().strip() == "ready"
-    if sender == "other":
+    if sender.startswith("other"):
         proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
-    if sender == "self":
-        assert proc.returncode == -signal.SIGTERM and "requested" not in out  # ended as before preemption
+    if sender == "other_twice":
+        proc.send_signal(signal.SIGTERM)   # at once: the same notice by a second path, not a second one
+        time.sleep(preemption.REPEAT_S + 0.5)
+        proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    if sender == "other_twice":
+        assert proc.returncode == 128 + signal.SIGTERM and "SIGTERM again: stopping at once" in err
+    elif sender == "self":
+        assert proc.returncode == -signal.SIGTERM and "requested" not in out and not err  # ended as before
     else:
-        assert proc.returncode == 0 and "from pid" in out and out.strip().endswith("requested")
+        assert proc.returncode == 0 and out.strip().endswith("requested")
+        assert f"SIGTERM from pid {os.getpid()}: saving a checkpoint" in err
 
 
 # ---------------------------------------------------------------- whole jobs

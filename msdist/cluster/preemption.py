@@ -19,6 +19,7 @@ MindSpore-free at import. Three pieces, one concern each:
 The rank then saves a complete checkpoint at that step and exits with `REQUEUE_EXIT`, which msdist.launch,
 the retry script and the sbatch take for "requeue, not failure" (docs/cluster.md).
 """
+import logging
 import os
 import signal
 import threading
@@ -26,6 +27,8 @@ import time
 from typing import Optional, Sequence
 
 from msdist.base.errors import ConfigError
+
+_logger = logging.getLogger(__name__)
 
 # The status of a rank (and of msdist.launch, the retry script, the sbatch step) that saved on a preemption.
 # Not 1 (a crash) nor 2 (a UserError), and not 128+n for any Linux signal n (1..64, so at most 192); at
@@ -106,11 +109,12 @@ class Listener:
             _die_by(self.sig)
         elif self.requested_at is None:
             self.requested_at = time.monotonic()
-            print(f"msdist: {self.sig.name} from pid {sender}: saving a checkpoint at the next step all ranks "
-                  f"reach, then exiting with {REQUEUE_EXIT} (requeue); send it again to stop at once",
-                  flush=True)
+            # Logged: rank 0 says it on the console, every rank in its log (before logging is set up, on stderr).
+            _logger.warning("%s from pid %d: saving a checkpoint at the next step all ranks reach, then exiting "
+                            "with %d (requeue); send it again to stop at once", self.sig.name, sender, REQUEUE_EXIT)
         elif time.monotonic() - self.requested_at > REPEAT_S:
-            print(f"msdist: {self.sig.name} again: stopping at once", flush=True)
+            _logger.warning("%s again: stopping at once", self.sig.name)
+            logging.shutdown()
             os._exit(128 + self.sig)  # pylint: disable=protected-access; the main thread is mid-step
 
 

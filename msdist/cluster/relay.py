@@ -81,7 +81,8 @@ class _Relay:
     def __init__(self, sig: signal.Signals, command: List[str]):
         self.sig = sig
         self.child = subprocess.Popen(command)
-        self.told: set = set()
+        self.asked = False     # a signal came: the exit status is REQUEUE_EXIT
+        self.told: set = set()  # the processes it was passed on to
 
     def on_signal(self, signum, _frame) -> None:
         targets = targets_below(self.child.pid, self.sig)
@@ -92,18 +93,19 @@ class _Relay:
                 os.kill(pid, self.sig)
             except ProcessLookupError:
                 pass
-        self.told |= set(targets) or {-1}   # -1: asked, with nothing below to tell
+        self.asked = True
+        self.told |= set(targets)
 
     def run(self) -> int:
         gone_at = None
         while self.child.poll() is None:
-            if self.told and not any(os.path.exists(f"/proc/{pid}") for pid in self.told if pid > 0):
+            if self.asked and not any(os.path.exists(f"/proc/{pid}") for pid in self.told):
                 gone_at = gone_at or time.monotonic()
                 if time.monotonic() - gone_at > _CHILD_GRACE_S:
                     self.child.terminate()  # sshd stays up by itself; mpirun and msrun left on their own
                     self.child.wait()
             time.sleep(_POLL_S)
-        return preemption.REQUEUE_EXIT if self.told else self.child.returncode
+        return preemption.REQUEUE_EXIT if self.asked else self.child.returncode
 
 
 def _parse(argv: Optional[List[str]]):
