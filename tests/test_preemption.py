@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import MPI_ENV, mpirun
+from conftest import MPI_ENV, mpirun, msrun
 from msdist.cluster import preemption
 from msdist.base.errors import ConfigError
 from msdist.run import checkpoint
@@ -160,3 +160,19 @@ def test_mpijob_worker_sigterm_reaches_the_ranks_through_the_relay_and_mpirun_ex
     assert job.leftovers(settle_s=15) == []
     _resume_and_compare(tmp_path, job, reference, [], command=[*mpirun(2), sys.executable, "-m", "msdist.train"],
                         env=MPI_ENV)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_msrun_under_the_relay_saves_at_one_agreed_step(tmp_path):
+    """msrun has no SIGTERM handler and its workers run in their own sessions: the relay tells them."""
+    command, env = msrun(tmp_path, [])
+    relay = [sys.executable, "-m", "msdist.cluster.relay", "--", *command]
+    job = Job(tmp_path, "msrun", [], ARGS, command=relay, env={"PATH": env["PATH"]})
+    job.wait_for_beat(1, at_least_step=SIGNAL_AT_STEP)
+    job.proc.send_signal(signal.SIGTERM)
+    assert job.wait() == preemption.REQUEUE_EXIT, job.stderr()
+    step, seconds = _agreed(job)
+    assert seconds <= BOUND_S
+    _assert_saved_at(job, step)
+    assert job.leftovers(settle_s=15) == []
