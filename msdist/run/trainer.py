@@ -10,7 +10,10 @@ Saver (`checkpoint.Saver`) writes them.
 The loop's sections are small methods, one place each for what happens there: `_train_epoch` waits
 for each batch (the wait ends at `timer.data_ready()`), `_train_step` runs the compiled step,
 `_report` writes the step line and the heartbeat, `_end_epoch` saves (`_save`) and evaluates
-(`_evaluate`) when the schedule says so.
+(`_evaluate`) when the schedule says so. Off schedule, the state is written as it is (`_write`, no
+`--dist_bn` unify, no EMA sync): every `--save_every_steps` steps by a background thread
+(`_save_by_steps`, run/background_save.py), and at the step the ranks agree on after a preemption signal
+(`_save_preempted`, cluster/preemption.py), after which the run ends for a requeue.
 """
 import logging
 import time
