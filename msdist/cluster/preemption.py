@@ -14,7 +14,8 @@ MindSpore-free at import. Three pieces, one concern each:
 * `Agreement`, the one collective that makes every rank stop at the same step: every rank's flag is
   gathered at check steps, about `CHECK_EVERY_S` of training apart. All ranks compute the next check step
   from the same gathered step times, so they always call it together. Between checks a step costs one
-  integer comparison; a check costs one small AllGather (~1 ms on CPU), about 0.1% of a second.
+  integer comparison; a check costs one small AllGather (measured 0.32 ms median, 0.51 ms p90, 2 ranks on
+  CPU under mpirun), about 0.05% of the second between checks.
 
 The rank then saves a complete checkpoint at that step and exits with `REQUEUE_EXIT`, which msdist.launch,
 the retry script and the sbatch take for "requeue, not failure" (docs/cluster.md).
