@@ -44,5 +44,4 @@ def test_a_grown_job_resumes_from_rank_0s_checkpoint_and_a_shrunk_one_from_its_o
     assert shrunk.wait() == 0, shrunk.stderr()
     log = _log(shrunk, 0)
     assert "resumed from" in log and "global step 36" in log and log.count("no checkpoint of their own") == 1
-    assert "(the world size changed): they start from zero" in log   # its own file holds 2 ranks' residuals
     assert _newest_step(shrunk, 0) == 4 * STEPS_PER_EPOCH
