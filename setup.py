@@ -16,7 +16,7 @@ setup(
     python_requires=">=3.9",
     # mindspore is not pinned: its wheels are device-specific (CPU / GPU / Ascend builds).
     # safetensors: --pretrained reads timm's and torchvision's .safetensors files (NumPy, no torch).
-    install_requires=["mindspore", "numpy", "scipy", "pillow", "pyyaml", "safetensors"],
+    install_requires=["mindspore", "numpy", "scipy", "pillow", "pyyaml", "safetensors", "tqdm"],
     extras_require={
         # tensorboard: its event reader checks our files; onnxruntime: runs the exported ONNX model;
         # import-linter: the layer contracts in .importlinter (tests/test_layout.py)

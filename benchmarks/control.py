@@ -61,9 +61,9 @@ def _train(kind, data_dir, model, image_size, batch_size, at_steps, lr, seed, mo
     step_cell.set_train(True)
     states, done, epoch = [], 0, 0
     while done < at_steps[-1]:
-        data = pipeline.build_train_dataset(split, batch_size=batch_size, image_size=image_size, epoch=epoch,
-                                            seed=seed, shuffle=True, augment=False, padding=crop_padding,
-                                            world_size=1, rank=0, global_batch=batch_size, workers=1)
+        spec = pipeline.TrainInput(image_size=image_size, global_batch=batch_size, seed=seed, shuffle=True,
+                                   augment=False, padding=crop_padding, workers=1)
+        data = pipeline.build_train_dataset(split, spec, epoch)
         for images, labels in data.create_tuple_iterator(num_epochs=1):
             step_cell.train_on(images, labels)
             done += 1

@@ -1,7 +1,7 @@
 """The pre-flight data check split over ranks: `python benchmarks/data_check.py [--data_dir DIR] [--ranks 1 2]`.
 
 For each rank count N it runs the check that training runs before its first step
-(`msdist.data.check.shared_report`, with an empty cache so every image is decoded) in `mpirun -n N`
+(`msdist.data.shared_check.shared_report`, with an empty cache so every image is decoded) in `mpirun -n N`
 processes, and prints the job's wall time for it and each rank's share. mpirun binds each rank to its
 own core, as in training, so N = 1 is what rank 0 alone used to do before the check was split. The figures go to docs/data.md by hand.
 
@@ -26,10 +26,10 @@ def worker(data_dir: str, log_dir: str) -> None:
     from msdist.run import startup
     started = startup.start(["--data_dir", data_dir, "--output_dir", log_dir], checks=())
     dist, collectives = startup.join(started, log_dir)
-    from msdist.data import check
+    from msdist.data import shared_check
     with tempfile.TemporaryDirectory() as cache:
         start = time.perf_counter()
-        report = check.shared_report(data_dir, dist.rank, collectives, cache_dir=cache)
+        report = shared_check.shared_report(data_dir, dist.rank, collectives, cache_dir=cache)
         seconds = collectives.gather([time.perf_counter() - start])[:, 0]
     if dist.is_main:
         images = sum(sum(c.values()) for c in report.counts.values()) + len(report.bad)

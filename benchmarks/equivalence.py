@@ -28,7 +28,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from msdist.engine.optim import MOMENTS_PREFIX  # noqa: E402  (after the path insert)
-from msdist.run.checkpoint import is_training_state  # noqa: E402
+from msdist.run.checkpoint_model import is_training_state  # noqa: E402
 DATA_DIR = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "fruits360-4"))
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 GLOBAL_BATCH, LR, SEED = 16, 0.005, 1
@@ -80,10 +80,9 @@ def relu_flips(data_dir: str, model: str, size: int) -> dict:
             return ops.relu(x)
 
     split = pipeline.list_split(data_dir, pipeline.TRAIN_SPLIT, pipeline.class_map(data_dir))
-    images = next(pipeline.build_train_dataset(split, batch_size=GLOBAL_BATCH, image_size=size, epoch=0, seed=SEED,
-                                               shuffle=True, augment=False, padding=0, world_size=1, rank=0,
-                                               global_batch=GLOBAL_BATCH, workers=1)
-                  .create_tuple_iterator(num_epochs=1))[0]
+    spec = pipeline.TrainInput(image_size=size, global_batch=GLOBAL_BATCH, seed=SEED, shuffle=True, augment=False,
+                               padding=0, workers=1)
+    images = next(pipeline.build_train_dataset(split, spec, epoch=0).create_tuple_iterator(num_epochs=1))[0]
     ms.set_context(mode=ms.PYNATIVE_MODE)  # the recorder runs Python per call
     inputs = []
     for msdist_bn in (False, True):

@@ -119,8 +119,8 @@ def main() -> int:
     parser.add_argument("--no_write", action="store_true", help="print the tables only")
     args = parser.parse_args()
     ensure_data(args.data_dir)
-    from msdist.run import startup
-    startup.prepare_tool()
+    from msdist.cluster import runtime
+    runtime.prepare_tool()
     from msdist.data import bench, pipeline
     classes = pipeline.class_map(args.data_dir)
     images = len(pipeline.list_split(args.data_dir, pipeline.TRAIN_SPLIT, classes))

@@ -332,15 +332,14 @@ def worker_allreduce(model: str, reps: str, fusion: str = "fused") -> dict:
 
 def worker_pipeline(ranks: str, batches: str) -> dict:
     """Images/s of one rank's decode + augment + batch, alone, with the workers training would give it."""
-    from msdist.run import startup
-    rt = startup.prepare_tool(int(ranks))
+    from msdist.cluster import runtime
+    rt = runtime.prepare_tool(int(ranks))
     from msdist.data import pipeline
     classes = pipeline.class_map(DATA_DIR)
     split = pipeline.list_split(DATA_DIR, pipeline.TRAIN_SPLIT, classes)
-    per_rank = GLOBAL_BATCH // int(ranks)
-    data = pipeline.build_train_dataset(split, batch_size=per_rank, image_size=IMAGE_SIZE, epoch=0, seed=1,
-                                        shuffle=True, augment=True, padding=4, world_size=int(ranks), rank=0,
-                                        global_batch=GLOBAL_BATCH, workers=rt.threads_per_rank)
+    spec = pipeline.TrainInput(image_size=IMAGE_SIZE, global_batch=GLOBAL_BATCH, seed=1, shuffle=True, augment=True,
+                               padding=4, workers=rt.threads_per_rank, world_size=int(ranks))
+    data = pipeline.build_train_dataset(split, spec, epoch=0)
     it = data.create_tuple_iterator(num_epochs=1, output_numpy=True)
     next(it)
     start, seen = time.perf_counter(), 0

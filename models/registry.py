@@ -1,18 +1,22 @@
 """A tiny model registry: models register by name, the trainer only knows names.
 
-Each family module is listed with the names it defines, so a mistyped `--model` is caught before
-MindSpore loads (`check_model_name`); the family module itself (which imports MindSpore) is imported
-on first use, and its `@register_model` factories fill in the callables.
+A model's name is written once, as its `@register_model` factory in its family module. The names are
+known before MindSpore loads, so a mistyped `--model` is caught at start-up (`unknown_model_message`):
+they are read from the family module's syntax tree (`ast`), not by importing it, because importing it
+imports MindSpore. (A name list beside the functions, as before, was a second copy to keep in step; reading
+the source costs ~10 ms once per process.) The family module itself is imported on first use, and its
+`@register_model` factories fill in the callables.
 """
+import ast
 import difflib
+import functools
 import importlib
+import importlib.util
 import logging
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Tuple
 
 _logger = logging.getLogger(__name__)
-_FAMILIES: Dict[str, Sequence[str]] = {
-    "models.resnet": ("resnet18", "resnet34", "resnet50", "resnet101", "resnet_tiny"),
-}
+_FAMILIES: List[str] = ["models.resnet"]   # modules whose @register_model functions are models
 _MODELS: Dict[str, Callable] = {}
 # How a network pads its parameter-free layers, after the framework its weights were trained in: "mindspore"
 # (pad_mode="same": the model zoo, MindCV, msdist's own training) or "torch" (symmetric, as torchvision and timm).
@@ -21,9 +25,28 @@ CONVENTIONS = ("mindspore", "torch")
 DEFAULT_CONVENTION, TORCH_CONVENTION = CONVENTIONS
 
 
-def add_family(module: str, names: Sequence[str]) -> None:
-    """Make the models `names`, defined with `@register_model` in `module`, known by name."""
-    _FAMILIES[module] = tuple(names)
+def add_family(module: str) -> None:
+    """Make the models `module` defines with `@register_model` known by name (the module is not imported)."""
+    if module not in _FAMILIES:
+        _FAMILIES.append(module)
+
+
+@functools.lru_cache(maxsize=None)
+def _registered_names(module: str) -> Tuple[str, ...]:
+    """The names of the top-level functions decorated `@register_model` in `module`'s source, unimported."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin:
+        raise ValueError(f"model family {module!r} not found")
+    with open(spec.origin, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), spec.origin)
+    return tuple(node.name for node in tree.body if isinstance(node, ast.FunctionDef)
+                 and any(_is_register_model(d) for d in node.decorator_list))
+
+
+def _is_register_model(decorator: ast.expr) -> bool:
+    """`@register_model` or `@registry.register_model` (any module path)."""
+    return (isinstance(decorator, ast.Name) and decorator.id == "register_model") or \
+        (isinstance(decorator, ast.Attribute) and decorator.attr == "register_model")
 
 
 def register_model(fn: Callable) -> Callable:
@@ -36,7 +59,7 @@ def register_model(fn: Callable) -> Callable:
 
 def list_models() -> List[str]:
     """Every model name, without importing any model code."""
-    return sorted(name for names in _FAMILIES.values() for name in names)
+    return sorted(name for module in _FAMILIES for name in _registered_names(module))
 
 
 def unknown_model_message(name: str) -> str:
@@ -62,8 +85,6 @@ def create_model(name: str, num_classes: int, **kwargs):
     problem = unknown_model_message(name)
     if problem:
         raise ValueError(problem)
-    module = next(m for m, names in _FAMILIES.items() if name in names)
+    module = next(m for m in _FAMILIES if name in _registered_names(m))
     importlib.import_module(module)  # runs its @register_model decorators
-    if name not in _MODELS:
-        raise ValueError(f"{module} lists model {name!r} but defines no @register_model function of that name")
     return _MODELS[name](num_classes=num_classes, **kwargs)

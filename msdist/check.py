@@ -21,7 +21,8 @@ from msdist.base import launch_env
 from msdist.base.cli import cli_main
 from msdist.base.errors import UserError, alike_on_every_rank
 from msdist.cluster import device, distributed, heartbeat, job, runtime
-from msdist.run import checkpoint, config, monitor, startup
+from msdist.base.files import rank_log_path
+from msdist.run import checkpoint, config, startup
 
 
 PLAN_FLAG = "--plan"
@@ -114,7 +115,7 @@ def _backend(launch: launch_env.LaunchEnv, target: str) -> str:
 def _paths(cfg, launch: launch_env.LaunchEnv, target: str):
     log_dir = os.path.join(cfg.output_dir, "logs")
     yield "output", cfg.output_dir
-    yield "log", monitor.log_path(log_dir, launch.rank)
+    yield "log", rank_log_path(log_dir, launch.rank)
     yield "heartbeat", heartbeat.path_for(log_dir, launch.rank)
     try:
         cache = startup.compile_cache_path(cfg, launch.world_size, target)

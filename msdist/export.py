@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from msdist.base.args import positive_int
 from msdist.base.cli import cli_main
 from msdist.run import inference, startup
 
@@ -24,7 +25,7 @@ def _parse(argv: Optional[Sequence[str]]):
     parser.add_argument("--format", default="MINDIR", type=str.upper, choices=sorted(SUFFIXES),
                         help="MINDIR (mindspore.load + nn.GraphCell, MindSpore Lite) or ONNX [MINDIR]")
     parser.add_argument("--output", required=True, help="file to write; the format's suffix is added if missing")
-    parser.add_argument("--batch_size", type=inference.positive_int, default=1,
+    parser.add_argument("--batch_size", type=positive_int, default=1,
                         help="the exported graph's fixed batch size [1]")
     return parser.parse_args(sys.argv[1:] if argv is None else argv)
 

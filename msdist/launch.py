@@ -8,6 +8,7 @@ import os
 import sys
 from typing import List, Optional
 
+from msdist.base.args import ArgumentParser
 from msdist.base.cli import cli_main
 from msdist.base.errors import ConfigError
 from msdist.cluster import preemption
@@ -16,8 +17,8 @@ from msdist.cluster.supervisor import Plan, run, show_plan
 from msdist.run import config, startup
 
 
-def _build_parser() -> config.ArgumentParser:
-    p = config.ArgumentParser(prog="msdist.launch", allow_abbrev=False,
+def _build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="msdist.launch", allow_abbrev=False,
                 description="Start N ranks of msdist.train on this node; unknown options go to msdist.train.")
     p.add_argument("-n", "--nproc_per_node", type=int, required=True, help="ranks (worker processes) on this node")
     p.add_argument("--nnodes", type=int, default=1, help="number of nodes, each running one launcher [1]")

@@ -12,10 +12,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from msdist.base.args import boolean, positive_int
 from msdist.base.cli import cli_main
 from msdist.base.errors import ConfigError
 from msdist.run import inference, startup
-from msdist.run.config import boolean
 
 BATCH = 16  # images per forward pass; the last batch is zero-padded so the graph compiles once
 
@@ -24,7 +24,7 @@ def _parse(argv: Optional[Sequence[str]]):
     parser = inference.cli_parser("msdist.predict", "Top-k class names and probabilities for images, from a "
                                                      "checkpoint alone.")
     parser.add_argument("paths", nargs="+", metavar="IMAGE_OR_DIR", help="image files and/or folders of images")
-    parser.add_argument("--topk", type=inference.positive_int, default=5, help="classes to show per image [5]")
+    parser.add_argument("--topk", type=positive_int, default=5, help="classes to show per image [5]")
     parser.add_argument("--json", type=boolean, default=False, nargs="?", const=True,
                         help="print one JSON document instead of text lines")
     return parser.parse_args(sys.argv[1:] if argv is None else argv)

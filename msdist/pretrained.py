@@ -8,8 +8,8 @@ on every node of a cluster job needs MindSpore alone (no torch, no safetensors) 
 import sys
 from typing import Optional, Sequence
 
+from msdist.base.args import ArgumentParser
 from msdist.base.cli import cli_main
-from msdist.run.config import ArgumentParser
 
 
 def _parse(argv: Optional[Sequence[str]]):

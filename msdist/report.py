@@ -17,10 +17,11 @@ from typing import List, Optional, Sequence
 
 import yaml
 
+from msdist.base.args import ArgumentParser
 from msdist.base.cli import cli_main
 from msdist.base.errors import ConfigError, DataError
-from msdist.run.config import ArgumentParser
-from msdist.run.monitor import METRICS_FILE, format_duration
+from msdist.run.metrics import METRICS_FILE
+from msdist.run.progress import format_duration
 
 # Options every summary shows; any other option whose value differs between the runs is added.
 _KEY_OPTIONS = ("model", "image_size", "batch_size", "epochs", "lr", "scale_lr", "lr_schedule", "sync_bn", "seed")

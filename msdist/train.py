@@ -15,8 +15,10 @@ if __name__ == "__main__":  # first, before an import starts a thread (numpy's O
 
 from msdist.base.cli import cli_main  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.base.errors import ConfigError  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.base.files import rank_log_path  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.cluster import heartbeat, runtime, stall, watchdog  # noqa: E402 pylint: disable=wrong-import-position
-from msdist.run import build, config, monitor, startup
+from msdist.run import build, config, startup  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.run.result import write_result  # noqa: E402 pylint: disable=wrong-import-position
 
 _logger = logging.getLogger("msdist.train")
 _PROCESS_START = time.perf_counter()  # for result.json's start-to-first-step figure
@@ -65,7 +67,7 @@ def train(started: startup.Started) -> int:
     # Beats from before cluster init, so a rank stuck there is seen too.
     beat = watchdog.watch_this_rank(log_dir, launch, stall.StallPolicy.from_options(vars(cfg)))
     dist, collectives = startup.join(started, log_dir)
-    heartbeat.dump_stacks_on_signal(watchdog.rank_log(log_dir, dist.rank))
+    heartbeat.dump_stacks_on_signal(rank_log_path(log_dir, dist.rank))
     from msdist.cluster import distributed  # loads MindSpore
     from msdist.run.trainer import Trainer
     if replaced:
@@ -87,12 +89,12 @@ def train(started: startup.Started) -> int:
 
 def _result(cfg, dist, data: "build.Data", model: "build.Model", outcome) -> dict:
     """result.json: the job's one evaluation and how the run went (`outcome`: trainer.Outcome)."""
-    timer = outcome.timer
-    first = timer.first_step_s or 0.0
+    meter = outcome.meter
+    first = meter.first_step_s or 0.0
     return {**outcome.metrics, "classes": sorted(data.classes, key=data.classes.get), "world_size": dist.world_size,
             "epochs": cfg.epochs, "global_steps": outcome.position.global_step, "global_batch": cfg.batch_size,
             "per_rank_batch": data.per_rank_batch, "train_seconds": round(outcome.train_seconds, 3),
-            "images_per_sec": round(timer.images_per_sec(), 3),
+            "images_per_sec": round(meter.images_per_sec(), 3),
             "first_step_seconds": round(first, 3), "compile_seconds": round(model.compile_seconds, 3),
             "start_to_first_step_seconds": round(outcome.train_start - _PROCESS_START + first, 3),
             "model": cfg.model, "device_target": dist.device_target, "skipped_images": len(data.excluded),
@@ -102,8 +104,8 @@ def _result(cfg, dist, data: "build.Data", model: "build.Model", outcome) -> dic
 def _write_result(cfg, result: dict, newest_checkpoint) -> None:
     files = [("checkpoint", newest_checkpoint.path if newest_checkpoint else ""),
              ("logs", os.path.join(cfg.output_dir, "logs", "")), ("tensorboard", os.path.join(cfg.output_dir, "tb", ""))]
-    monitor.write_result(os.path.join(cfg.output_dir, "result.json"), result, "msdist.train done", files,
-                         wall_seconds=time.perf_counter() - _PROCESS_START, images_per_sec=result["images_per_sec"])
+    write_result(os.path.join(cfg.output_dir, "result.json"), result, "msdist.train done", files,
+                 wall_seconds=time.perf_counter() - _PROCESS_START, images_per_sec=result["images_per_sec"])
 
 
 if __name__ == "__main__":

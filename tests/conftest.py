@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from models import add_family
-from msdist.run import checkpoint
+from msdist.run import checkpoint_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Real Fruits-360 images shipped inside the repository (tests/data/fruits360-mini/README.md): the suite
@@ -16,7 +16,7 @@ REAL_DATA = os.path.join(REPO, "tests", "data", "fruits360-mini")
 TINY_CONFIG = os.path.join(REPO, "configs", "tiny_test.yaml")
 # OpenMPI refuses root (CI runs as root) without these; --oversubscribe allows more ranks than cores.
 TRAIN_WITH_TEST_MODELS = os.path.join(REPO, "tests", "train_with_test_models.py")
-add_family("convnet", ("convnet_tiny",))  # tests/convnet.py, BatchNorm-free; tests/ is on sys.path
+add_family("convnet")  # tests/convnet.py, BatchNorm-free; tests/ is on sys.path
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
@@ -76,7 +76,7 @@ def load_params(path: str, include_state: bool = False) -> dict:
     for name, value in raw.items():
         if not hasattr(value, "asnumpy"):
             continue
-        if not include_state and checkpoint.is_training_state(name):
+        if not include_state and checkpoint_model.is_training_state(name):
             continue
         out[name] = value.asnumpy().astype(np.float64)
     return out

@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 
 from msdist.data import plan
-from msdist.data.augment import Regularization, resized_crop_box, soft_labels
+from msdist.data.augment import resized_crop_box, soft_labels
 from msdist.data.pipeline import MEAN, STD
 
 _GRAY = np.array([0.299, 0.587, 0.114], dtype=np.float32).reshape(1, 3, 1, 1)
@@ -104,13 +104,15 @@ class _BatchTransform:
         return vision.Resize((self.image_size, self.image_size))(crop).transpose(2, 0, 1)
 
 
-def train_dataset(split, *, batch_size, image_size, epoch, seed, shuffle, augment, padding, world_size, rank,
-                  global_batch, workers, skip_steps=0, regularization=None):
-    """The old `pipeline.build_train_dataset`: a MindSpore dataset of (images, labels) batches."""
+def train_dataset(split, spec, epoch, skip_steps=0):
+    """The old `pipeline.build_train_dataset`: a MindSpore dataset of (images, labels) batches; the same call
+    as the new one (`spec`: pipeline.TrainInput)."""
     import mindspore.dataset as ds
     from mindspore.dataset import vision
 
-    reg = regularization or Regularization()
+    batch_size, image_size, seed, shuffle = spec.batch_size, spec.image_size, spec.seed, spec.shuffle
+    augment, padding, world_size, rank = spec.augment, spec.padding, spec.world_size, spec.rank
+    global_batch, workers, reg = spec.global_batch, spec.workers, spec.regularization
     steps = plan.rank_steps(len(split), global_batch, epoch, seed, shuffle, world_size, rank, skip_steps)
     mixes = None
     if reg.mixing:

@@ -25,7 +25,7 @@ from PIL import Image
 from conftest import REAL_DATA, TINY_CONFIG, run_msdist
 from msdist.base.errors import CheckpointError, ConfigError, DataError
 from msdist.cluster.distributed import Collectives
-from msdist.data import check, pipeline
+from msdist.data import check, pipeline, shared_check
 from msdist.run import config
 
 TINY = ["--config", TINY_CONFIG]
@@ -205,24 +205,24 @@ def test_shared_exclusions_leave_bad_files_out_of_both_splits(tmp_path):
     root = _make_tree(tmp_path / "data")
     _write(os.path.join(root, "Training", "apple", "random.jpg"), os.urandom(500))
     _write(os.path.join(root, "Test", "lemon", "empty.jpg"), b"")
-    excluded = check.shared_exclusions(root, True, 0, Collectives(1), cache_dir=str(tmp_path / "cache"))
+    excluded = shared_check.shared_exclusions(root, True, 0, Collectives(1), cache_dir=str(tmp_path / "cache"))
     classes = pipeline.class_map(root)
     train = pipeline.list_split(root, "Training", classes, exclude=excluded)
     test = pipeline.list_split(root, "Test", classes, exclude=excluded)
     assert len(train) == 12 and len(test) == 6
     assert not any(f.endswith(("random.jpg", "empty.jpg")) for f in train.files + test.files)
     with pytest.raises(DataError, match="2 bad image"):
-        check.shared_exclusions(root, False, 0, Collectives(1), cache_dir=str(tmp_path / "cache"))
+        shared_check.shared_exclusions(root, False, 0, Collectives(1), cache_dir=str(tmp_path / "cache"))
 
 
 def test_scan_is_cached_by_tree_fingerprint(tmp_path):
     root = _make_tree(tmp_path / "data")
     cache = str(tmp_path / "cache")
-    first = check.shared_report(root, 0, Collectives(1), cache)
-    again = check.shared_report(root, 0, Collectives(1), cache)
+    first = shared_check.shared_report(root, 0, Collectives(1), cache)
+    again = shared_check.shared_report(root, 0, Collectives(1), cache)
     assert not first.from_cache and again.from_cache and again == first == check.scan(root)
     _write(os.path.join(root, "Training", "apple", "zero.jpg"), b"")           # the tree changed: scan again
-    changed = check.shared_report(root, 0, Collectives(1), cache)
+    changed = shared_check.shared_report(root, 0, Collectives(1), cache)
     assert not changed.from_cache and [_rel(b.path) for b in changed.bad] == ["Training/apple/zero.jpg"]
 
 
@@ -519,7 +519,7 @@ def test_trainer_skip_run_then_foreign_checkpoint_and_overwrite(bad_tree, tmp_pa
 @pytest.mark.multiprocess
 def test_two_ranks_leave_out_the_same_bad_files(bad_tree, tmp_path):
     # The tree's verdict may be cached by an earlier test of this module; this one watches the ranks decode.
-    cached = os.path.join(check.default_cache_dir(), f"{check.fingerprint(bad_tree)}.json")
+    cached = os.path.join(shared_check.default_cache_dir(), f"{shared_check.fingerprint(bad_tree)}.json")
     if os.path.exists(cached):
         os.remove(cached)
     out = tmp_path / "out"

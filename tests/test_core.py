@@ -43,6 +43,20 @@ def test_a_config_with_an_unknown_model_is_refused_before_mindspore(tmp_path):
         startup.check_model(config.parse(["--config", str(bad)]), 1)
 
 
+def test_model_names_are_the_register_model_functions_read_without_importing_them(tmp_path):
+    """One source of truth: a family's names are its @register_model functions, read from its source, so a
+    name is checkable before MindSpore (which every family module imports) loads."""
+    (tmp_path / "family_x.py").write_text("import mindspore\nfrom models import registry\n\n\n"
+                                          "@registry.register_model\ndef net_a(num_classes, **kwargs):\n    pass\n\n\n"
+                                          "def _helper():\n    pass\n")
+    code = ("import sys; from models import add_family, list_models; add_family('family_x'); names = list_models(); "
+            "assert 'net_a' in names and '_helper' not in names and 'resnet50' in names, names; "
+            "assert 'family_x' not in sys.modules and 'mindspore' not in sys.modules")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_seed_config_matches_the_tutorial():
     cfg = config.parse(["--config", os.path.join(REPO, "configs", "resnet50_fruits360.yaml")])
     assert (cfg.model, cfg.batch_size, cfg.lr, cfg.momentum, cfg.loss_scale, cfg.epochs, cfg.image_size) == \
@@ -118,8 +132,9 @@ def test_random_crop_is_at_training_resolution_from_the_padded_image():
 def test_no_augment_no_shuffle_trains_on_the_test_transform_in_file_order(data_dir):
     """`--augment false --shuffle false`: training batches are the plain resized images, in file order."""
     split = pipeline.list_split(data_dir, "Training", pipeline.class_map(data_dir))
-    train = pipeline.build_train_dataset(split, batch_size=8, image_size=32, epoch=3, seed=1, shuffle=False,
-                                         augment=False, padding=2, world_size=1, rank=0, global_batch=8, workers=1)
+    spec = pipeline.TrainInput(image_size=32, global_batch=8, seed=1, shuffle=False, augment=False, padding=2,
+                               workers=1)
+    train = pipeline.build_train_dataset(split, spec, epoch=3)
     plain = pipeline.build_eval_dataset(split, batch_size=8, image_size=32, world_size=1, rank=0, workers=1)
     (images, labels), (expected, expected_labels) = [next(d.create_tuple_iterator(num_epochs=1, output_numpy=True))
                                                      for d in (train, plain)]

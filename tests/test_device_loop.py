@@ -2,14 +2,14 @@
 
 - The loss stays on the device between log steps (`step.LossAccumulator`); the log line's loss is
   the mean since the previous log step, and the epoch loss weights each window by its steps.
-- The compute time of a log line is the window's wall time minus its data waits (`StepTimer.take_window`),
+- The compute time of a log line is the window's wall time minus its data waits (`Meter.take_window`),
   measured across the blocking loss read, so launches that return early cannot make it look fast.
 """
 import time
 
 import numpy as np
 
-from msdist.run import monitor
+from msdist.run import meter, progress
 from msdist.run.position import Position
 
 
@@ -27,15 +27,15 @@ def test_loss_accumulator_reads_the_mean_since_the_last_read():
 
 
 def test_epoch_loss_weights_each_window_by_its_steps():
-    progress = monitor.Progress(epochs=1, steps_per_epoch=4, global_batch=8, log_every=3)
-    progress.start_epoch(Position())
+    shown = progress.Progress(epochs=1, steps_per_epoch=4, log_every=3, meter=meter.Meter(images_per_step=8))
+    shown.start_epoch(Position())
     for step, loss in ((1, None), (2, None), (3, 2.0), (4, 6.0)):  # read at step 3 (log) and 4 (epoch end)
-        progress.step(Position(1, step, step), loss, 0.1, 0.01, 0.0)
-    assert progress.epoch_loss() == (3 * 2.0 + 6.0) / 4
+        shown.step(Position(1, step, step), loss, 0.1, 0.01, 0.0)
+    assert shown.epoch_loss() == (3 * 2.0 + 6.0) / 4
 
 
 def test_window_compute_time_includes_the_blocking_read():
-    timer = monitor.StepTimer(images_per_step=8)
+    timer = meter.Meter(images_per_step=8)
     for _ in range(3):
         timer.data_ready()
         timer.step_done()  # launches return at once

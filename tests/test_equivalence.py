@@ -116,9 +116,9 @@ def test_real_pipeline_shards_rebuild_the_single_card_batches(data_dir):
     split = pipeline.list_split(data_dir, "Training", classes)
 
     def batches(world, rank):
-        data = pipeline.build_train_dataset(split, batch_size=16 // world, image_size=32, epoch=1, seed=5,
-                                            shuffle=True, augment=True, padding=2, world_size=world, rank=rank,
-                                            global_batch=16, workers=1)
+        spec = pipeline.TrainInput(image_size=32, global_batch=16, seed=5, shuffle=True, augment=True, padding=2,
+                                   workers=1, world_size=world, rank=rank)
+        data = pipeline.build_train_dataset(split, spec, epoch=1)
         out = []
         for images, _ in data.create_tuple_iterator(num_epochs=1, output_numpy=True):
             out.append(images)

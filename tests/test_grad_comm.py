@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from conftest import checkpoints, load_params, run_msdist, tiny_args, worst_relative_gap
-from msdist.run import checkpoint
+from msdist.run import checkpoint_model
 
 SETUP = ("--epochs", 4, "--max_steps", 40, "--augment", "false", "--shuffle", "true", "--deterministic", "true",
          "--lr", 0.01, "--lr_schedule", "constant", "--warmup_epochs", 0, "--batch_size", 16)
@@ -115,7 +115,7 @@ def test_residuals_are_rank_local_state_in_every_checkpoint(runs):
     """Error feedback leaves what was not sent in `residual.<param>`: non-zero, different per rank
     (each rank's own leftovers), one per trainable parameter; without error feedback there are none."""
     ranks = [_final(runs, "topk_ef", r, include_state=True) for r in (0, 1)]
-    model = {n: v for n, v in ranks[0].items() if not checkpoint.is_training_state(n)}
+    model = {n: v for n, v in ranks[0].items() if not checkpoint_model.is_training_state(n)}
     residuals = [{n[len("residual."):]: v for n, v in params.items() if n.startswith("residual.")} for params in ranks]
     trainable = {n for n in model if "moving_" not in n and not n.startswith("msdist_state.")}
     assert set(residuals[0]) == set(residuals[1]) == trainable

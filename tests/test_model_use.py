@@ -56,10 +56,10 @@ def test_predict_text_output_and_unreadable_checkpoint(trained_ckpt, data_dir, t
     assert line.startswith(f"{image}: ") and line.count(", ") == 1
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes(b"\0" * 64)
-    from msdist.run import checkpoint
     from msdist.base.errors import CheckpointError
+    from msdist.run import checkpoint_model
     with pytest.raises(CheckpointError, match="cannot read checkpoint"):  # a one-line error, exit 2 in the CLI
-        checkpoint.read_meta(str(bad))
+        checkpoint_model.read_meta(str(bad))
 
 
 def _real_batch(data_dir, meta, n=8):
@@ -81,13 +81,13 @@ def _checkpoint_logits(ckpt, images):
 def test_export_mindir_gives_the_checkpoints_logits(trained_ckpt, data_dir, tmp_path):
     import mindspore as ms
     from mindspore import nn
-    from msdist.run import checkpoint
+    from msdist.run import checkpoint_model
     ckpt, _ = trained_ckpt
     proc = run_msdist("export", ["--ckpt", ckpt, "--format", "MINDIR", "--output", str(tmp_path / "model"),
                                  "--batch_size", "8"])
     path = tmp_path / "model.mindir"
     assert f"wrote {path}" in proc.stdout
-    images = _real_batch(data_dir, checkpoint.read_meta(ckpt))
+    images = _real_batch(data_dir, checkpoint_model.read_meta(ckpt))
     expected, _, meta = _checkpoint_logits(ckpt, images)
     got = nn.GraphCell(ms.load(str(path)))(ms.Tensor(images)).asnumpy()
     assert got.shape == (8, len(CLASSES))
@@ -98,8 +98,8 @@ def test_export_mindir_gives_the_checkpoints_logits(trained_ckpt, data_dir, tmp_
 def test_export_onnx_on_cpu(trained_ckpt, data_dir, tmp_path):
     from msdist import export
     ckpt, _ = trained_ckpt
-    from msdist.run import checkpoint
-    images = _real_batch(data_dir, checkpoint.read_meta(ckpt), n=4)
+    from msdist.run import checkpoint_model
+    images = _real_batch(data_dir, checkpoint_model.read_meta(ckpt), n=4)
     expected, net, meta = _checkpoint_logits(ckpt, images)
     path = export.export(net, meta, export.output_path(str(tmp_path / "model"), "ONNX"), "ONNX", batch_size=4)
     assert path.endswith(".onnx") and os.path.getsize(path) > 10_000
@@ -140,29 +140,32 @@ def test_best_checkpoint_survives_pruning_and_holds_the_best_epoch(tmp_path):
     assert checkpoint.read_best(directory, "m", 0) is None
 
 
-def test_best_right_after_a_save_of_the_same_model_is_that_checkpoint(tmp_path):
-    """The usual end of an epoch (save, then evaluate): the best is a hard link to the numbered checkpoint, so
-    the model is on disk once; a model that changed since the save gets its own file."""
+def test_best_right_after_a_save_at_the_same_position_is_that_checkpoint(tmp_path):
+    """The usual end of an epoch (save, then evaluate at the same position): the best is a hard link to the
+    numbered checkpoint, so the model is on disk once, decided by position without hashing the weights; a model
+    evaluated at a position with no save of its own (trained on since) gets its own file."""
     import mindspore as ms
     from msdist.cluster.distributed import Collectives
-    from msdist.run import checkpoint
+    from msdist.run import checkpoint, checkpoint_model, checkpoint_saver
     from msdist.run.position import Position
     net = ms.nn.Dense(3, 2)
     moments = ms.Parameter(ms.Tensor(np.ones((2, 3), np.float32)), name="moments.weight")
-    saver = checkpoint.Saver(directory=str(tmp_path), prefix="m", rank=0, keep=2, config_hash="h", net=net,
-                             train_state=[moments], collectives=Collectives(1))
+    saver = checkpoint_saver.Saver(directory=str(tmp_path), prefix="m", rank=0, keep=2, config_hash="h", net=net,
+                                   train_state=[moments], collectives=Collectives(1))
     at = Position(1, 4, 4)
     numbered = saver.save(at).path
     assert saver.keep_best(at, accuracy=0.5)
     best = checkpoint.best_path(str(tmp_path), "m", 0)
     assert os.path.samefile(best, numbered) and checkpoint.read_best(str(tmp_path), "m", 0)["accuracy"] == 0.5
-    checkpoint.load_weights(best, net)   # evaluation reads the model part and ignores the training state
+    checkpoint_model.load_weights(best, net)   # evaluation reads the model part and ignores the training state
     assert saver.keep_best(at, accuracy=0.55)   # already that file: nothing left behind
     assert os.path.samefile(best, numbered) and not [f for f in os.listdir(tmp_path) if f.startswith(".")]
-    net.weight.set_data(ms.Tensor(np.zeros((2, 3), np.float32)))
-    assert saver.keep_best(at, accuracy=0.6)
+    net.weight.set_data(ms.Tensor(np.zeros((2, 3), np.float32)))   # trained on to the next epoch, not saved there
+    assert saver.keep_best(Position(2, 4, 8), accuracy=0.6)
     assert not os.path.samefile(best, numbered) and checkpoint.read_best(str(tmp_path), "m", 0)["accuracy"] == 0.6
-    assert set(checkpoint.read_tensors(best)) == {"weight", "bias"} | {f"msdist_state.{k}" for k in checkpoint.STATE_KEYS}
+    tensors = checkpoint.read_tensors(best)
+    assert set(tensors) == {"weight", "bias"} | {f"msdist_state.{k}" for k in checkpoint.STATE_KEYS}
+    assert (tensors["weight"].asnumpy() == 0).all()   # the model as evaluated
 
 
 def test_training_keeps_its_best_checkpoint(standalone_run):
@@ -170,7 +173,8 @@ def test_training_keeps_its_best_checkpoint(standalone_run):
     out, _ = standalone_run
     best = checkpoint.read_best(str(out / "ckpt"), "resnet_tiny", 0)
     result = json.loads((out / "result.json").read_text())
-    assert (best["epoch"], best["accuracy"]) == (result["epochs"], result["accuracy"]) and best["meta"]["classes"] == CLASSES
+    assert (best["epoch"], best["accuracy"]) == (result["epochs"], result["accuracy"])
+    assert best["meta"]["classes"] == CLASSES
 
 
 # ---------------------------------------------------------------- --pretrained
@@ -314,7 +318,7 @@ def test_frozen_backbone_does_not_move(finetune_run):
 def test_ema_update_swap_and_resume(tmp_path):
     import mindspore as ms
     from mindspore import nn
-    from msdist.run import checkpoint
+    from msdist.run import checkpoint_saver
     from msdist.cluster import distributed
     from msdist.engine import ema
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -336,7 +340,7 @@ def test_ema_update_swap_and_resume(tmp_path):
 
     # Saved with the resumable state, restored by the same resume that restores the weights.
     def saver(model, average):
-        return checkpoint.Saver(directory=str(tmp_path), prefix="m", rank=0, keep=2, config_hash="h", net=model,
+        return checkpoint_saver.Saver(directory=str(tmp_path), prefix="m", rank=0, keep=2, config_hash="h", net=model,
                                 train_state=average.state_parameters(), collectives=distributed.Collectives(1))
     info = saver(net, averaged).save(Position(1, 2, 2))
     other = nn.Dense(3, 2)  # the same parameter names as `net`

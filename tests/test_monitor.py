@@ -1,7 +1,8 @@
 """Watching a run: step lines and the progress bar, metrics.jsonl, TensorBoard events, the report CLI.
 
 One real training run (resnet_tiny, 32x32, synthetic data, 2 epochs) feeds the end-to-end checks;
-the formatting and resume logic are tested directly on `msdist.run.monitor`, which needs no MindSpore.
+the formatting, timing and resume logic are tested directly on `msdist.run`'s logs, meter, progress and
+metrics modules, which need no MindSpore.
 """
 import io
 import json
@@ -17,7 +18,7 @@ import pytest
 
 from msdist import report
 from msdist.base.errors import ConfigError
-from msdist.run import monitor
+from msdist.run import logs, meter, metrics, progress, result
 from msdist.run.position import Position
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,8 +31,18 @@ def _env():
 
 
 def _records(run_dir, kind):
-    with open(os.path.join(run_dir, monitor.METRICS_FILE), encoding="utf-8") as f:
+    with open(os.path.join(run_dir, metrics.METRICS_FILE), encoding="utf-8") as f:
         return [r for r in map(json.loads, f) if r["kind"] == kind]
+
+
+@pytest.fixture(autouse=True)
+def _msdist_logging_restored():
+    """logs.setup_logging configures msdist's loggers for the process: give later tests (caplog) theirs back."""
+    loggers = [logging.getLogger(name) for name in ("msdist", "msdist.crash")]
+    saved = [(lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+    yield
+    for lg, (handlers, level, propagate) in zip(loggers, saved):
+        lg.handlers, lg.level, lg.propagate = handlers, level, propagate
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +103,7 @@ def test_tensorboard_events_read_back_with_tensorboard(tiny_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run_dir, _ = tiny_run
-    events = EventAccumulator(os.path.join(run_dir, monitor.TENSORBOARD_DIR))
+    events = EventAccumulator(os.path.join(run_dir, metrics.TENSORBOARD_DIR))
     events.Reload()
     assert TB_TAGS <= set(events.Tags()["scalars"])
     steps = _records(run_dir, "step")
@@ -158,30 +169,37 @@ class FakeTerminal(io.StringIO):
         return True
 
 
-def _steps(progress, losses, epoch=0):
-    spe = progress.steps_per_epoch
-    progress.start_epoch(Position.at(epoch * spe, spe))
-    return [progress.step(Position.at(epoch * spe + i, spe), loss, 0.1, 0.01, 0.0)
-            for i, loss in enumerate(losses, 1)]
+def _steps(shown, losses, epoch=0):
+    """Run `losses` as the steps of an epoch through the meter and the Progress `shown`; their metrics records."""
+    spe = shown.steps_per_epoch
+    shown.start_epoch(Position.at(epoch * spe, spe))
+    shown.meter.start_epoch()
+    records = []
+    for i, loss in enumerate(losses, 1):
+        shown.meter.data_ready()
+        shown.meter.step_done()
+        records.append(shown.step(Position.at(epoch * spe + i, spe), loss, 0.1, 0.01, 0.0))
+    return records
 
 
-def _end(progress, losses):
-    return progress.end_epoch(sum(losses) / len(losses), {"accuracy": 0.75, "loss": 0.5})
+def _end(shown, losses):
+    return shown.end_epoch(sum(losses) / len(losses), {"accuracy": 0.75, "loss": 0.5})
 
 
 def test_progress_bar_on_a_terminal(tmp_path, capsys):
-    log_path = monitor.setup_logging(str(tmp_path), 0, console=True)
+    log_path = logs.setup_logging(str(tmp_path), 0, console=True)
     term = FakeTerminal()
-    progress = monitor.Progress(epochs=2, steps_per_epoch=4, global_batch=8, log_every=2, bar=term)
-    records = _steps(progress, [1.0, 0.8, 0.6, 0.4])
+    shown = progress.Progress(epochs=2, steps_per_epoch=4, log_every=2, meter=meter.Meter(images_per_step=8), bar=term)
+    records = _steps(shown, [1.0, 0.8, 0.6, 0.4])
     drawn = term.getvalue()
-    # the bar's line ends with the epoch's last step, before the save and evaluation messages
+    # tqdm's bar; its line ends with the epoch's last step, before the save and evaluation messages
     assert drawn.startswith("\r") and drawn.endswith("\n")
-    summary = _end(progress, [1.0, 0.8, 0.6, 0.4])
+    summary = _end(shown, [1.0, 0.8, 0.6, 0.4])
     assert term.getvalue() == drawn
     last = drawn.rstrip("\n").split("\r")[-1]
-    assert last.startswith("epoch 1/2 [" + "#" * 24 + "] 100% 4/4 | loss 0.4000 | lr 1.00e-01 | ")
-    assert "img/s | eta " in last and " epoch, " in last and last.rstrip().endswith(" run")
+    assert last.startswith("epoch 1/2 100%|" + "#" * 24 + "| 4/4, loss 0.4000 | lr 1.00e-01 | ")
+    # the bar shows the meter's figures, not tqdm's own clock
+    assert "img/s | eta " in last and " epoch, " in last and last.rstrip().endswith(" run") and "it/s" not in last
     console = capsys.readouterr().out
     assert "step 2/4" not in console  # the bar owns the terminal: step lines go to the log file only
     assert "epoch 1/2 done | train loss 0.7000 | val accuracy 0.7500 loss 0.5000" in console
@@ -193,10 +211,11 @@ def test_progress_bar_on_a_terminal(tmp_path, capsys):
 
 
 def test_step_lines_without_a_terminal(tmp_path, capsys):
-    monitor.setup_logging(str(tmp_path), 0, console=True)
-    progress = monitor.Progress(epochs=1, steps_per_epoch=5, global_batch=8, log_every=2, max_steps=3)
-    assert progress.total_steps == 3
-    records = _steps(progress, [1.0, 0.5, 0.25])
+    logs.setup_logging(str(tmp_path), 0, console=True)
+    shown = progress.Progress(epochs=1, steps_per_epoch=5, log_every=2, meter=meter.Meter(images_per_step=8),
+                              max_steps=3)
+    assert shown.total_steps == 3
+    records = _steps(shown, [1.0, 0.5, 0.25])
     lines = [line for line in capsys.readouterr().out.splitlines() if " step " in line]
     # every log_every steps, and at the last step of a run cut short by max_steps
     assert [line.split(" | ")[0] for line in lines] == ["epoch 1/1 step 2/5", "epoch 1/1 step 3/5"]
@@ -207,19 +226,17 @@ def test_step_lines_without_a_terminal(tmp_path, capsys):
 def test_bar_only_for_rank_0_at_a_real_terminal(monkeypatch):
     term = FakeTerminal()
     monkeypatch.setattr(sys, "stdout", term)
-    assert monitor.terminal(True, "standalone") is term and monitor.terminal(True, "cluster") is term
-    assert monitor.terminal(False, "standalone") is None
-    assert monitor.terminal(True, "mpirun") is None  # OpenMPI hands ranks a pty whatever mpirun's output is
+    assert progress.terminal(True, "standalone") is term and progress.terminal(True, "cluster") is term
+    assert progress.terminal(False, "standalone") is None
+    assert progress.terminal(True, "mpirun") is None  # OpenMPI hands ranks a pty whatever mpirun's output is
     monkeypatch.setattr(sys, "stdout", io.StringIO())
-    assert monitor.terminal(True, "standalone") is None
+    assert progress.terminal(True, "standalone") is None
 
 
-def test_duration_and_bar_formatting():
-    assert monitor.format_duration(3725) == "1:02:05"
-    assert monitor.format_duration(59.6) == "0:01:00"
-    assert monitor.format_duration(None) == "?"
-    assert monitor.render_bar(0.5, width=10) == "[#####.....]"
-    assert monitor.render_bar(1.7, width=4) == "[####]"
+def test_duration_formatting():
+    assert progress.format_duration(3725) == "1:02:05"
+    assert progress.format_duration(59.6) == "0:01:00"
+    assert progress.format_duration(None) == "?"
 
 
 def test_resume_drops_repeated_records_and_tensorboard_steps(tmp_path):
@@ -230,37 +247,54 @@ def test_resume_drops_repeated_records_and_tensorboard_steps(tmp_path):
             writer.write({"kind": "step", "global_step": step, "loss": float(step), "lr": 0.1,
                           "images_per_sec": 1.0})
 
-    first = monitor.MetricsWriter(str(tmp_path), tensorboard=True, world_size=2)
+    first = metrics.MetricsWriter(str(tmp_path), tensorboard=True, world_size=2)
     write_steps(first, range(1, 7))  # then the job dies; its last checkpoint was at step 3
     first.close()
-    resumed = monitor.open_metrics(True, str(tmp_path), tensorboard=True, world_size=2, start_step=3)
+    resumed = metrics.open_metrics(True, str(tmp_path), tensorboard=True, world_size=2, start_step=3)
     write_steps(resumed, range(4, 9))
     resumed.close()
     assert [r["global_step"] for r in _records(tmp_path, "step")] == list(range(1, 9))
     assert [r["global_step"] for r in _records(tmp_path, "run")] == [0, 3]
-    events = EventAccumulator(str(tmp_path / monitor.TENSORBOARD_DIR))
+    events = EventAccumulator(str(tmp_path / metrics.TENSORBOARD_DIR))
     events.Reload()
     assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 9))
 
 
 def test_only_rank_0_writes_but_every_rank_checks_tensorboardx(tmp_path, monkeypatch):
-    assert monitor.open_metrics(False, str(tmp_path), tensorboard=False, world_size=2) is None
-    assert not os.path.exists(tmp_path / monitor.METRICS_FILE)
+    assert metrics.open_metrics(False, str(tmp_path), tensorboard=False, world_size=2) is None
+    assert not os.path.exists(tmp_path / metrics.METRICS_FILE)
     monkeypatch.setitem(sys.modules, "tensorboardX", None)  # as if it were not installed
     with pytest.raises(ConfigError, match="msdist\\[tensorboard\\]"):
-        monitor.open_metrics(False, str(tmp_path), tensorboard=True, world_size=2)
+        metrics.open_metrics(False, str(tmp_path), tensorboard=True, world_size=2)
 
 
-def test_step_timer_counts_data_wait_but_not_the_compile_step(monkeypatch):
-    clock = iter([0.0,            # epoch start
+def test_one_meter_counts_data_wait_but_not_the_compile_step(monkeypatch):
+    clock = iter([0.0,            # the meter is made
+                  0.0,            # epoch start
                   1.0, 11.0,      # first batch after 1 s, first step (compile) 10 s
                   12.0, 14.0,     # 1 s waiting for data, 2 s compute
                   15.0, 17.0])
-    monkeypatch.setattr(monitor.time, "perf_counter", lambda: next(clock))
-    timer = monitor.StepTimer(images_per_step=6)
-    timer.restart_clock()
+    monkeypatch.setattr(meter.time, "perf_counter", lambda: next(clock))
+    timer = meter.Meter(images_per_step=6)
+    timer.start_epoch()
     for _ in range(3):
         timer.data_ready()
         timer.step_done()
     assert timer.first_step_s == 10.0 and timer.data_s == 3.0
-    assert timer.images_per_sec() == pytest.approx(2 * 6 / 6.0)   # 2 steady steps in 6 s of wall time
+    assert timer.images_per_sec() == pytest.approx(2 * 6 / 6.0)   # result.json: 2 steady steps in 6 s of wall time
+    # The step line's rate reads the same clock readings: the 2 steps after the compile step, 6 s apart.
+    assert timer.sec_per_step() == pytest.approx(3.0) and timer.recent_images_per_sec() == pytest.approx(2.0)
+    assert timer.epoch_seconds() == 17.0 and timer.epoch_images_per_sec() == pytest.approx(3 * 6 / 17.0)
+
+
+def test_the_result_file_is_replaced_whole_never_rewritten_in_place(tmp_path, capsys):
+    """A reader (the report, a launcher script) that opened result.json before the write still reads a whole
+    file: the new one arrives by rename, so the old one is never truncated under it."""
+    path = tmp_path / "result.json"
+    path.write_text('{"accuracy": 0.25}')
+    with open(path, encoding="utf-8") as reader:
+        result.write_result(str(path), {"accuracy": 0.5, "correct": 1, "num_samples": 2, "loss": 0.7, "world_size": 1},
+                            "msdist.train done", [], wall_seconds=3.0)
+        assert json.load(reader) == {"accuracy": 0.25}
+    assert json.loads(path.read_text())["accuracy"] == 0.5 and os.listdir(tmp_path) == ["result.json"]
+    assert "== msdist.train done ==" in capsys.readouterr().out

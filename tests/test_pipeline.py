@@ -58,8 +58,8 @@ def test_batch_crop_flip_equals_the_per_image_reference():
 
 def test_augmented_batch_is_the_per_image_crop_of_the_zero_padded_image_normalized(mini_split):
     """The batch map crops uint8 pixels and the chain normalizes after it: the padding is normalized black."""
-    data = pipeline.build_train_dataset(mini_split, batch_size=8, image_size=32, epoch=2, seed=3, shuffle=True,
-                                        augment=True, padding=6, world_size=1, rank=0, global_batch=8, workers=2)
+    spec = pipeline.TrainInput(image_size=32, global_batch=8, seed=3, shuffle=True, augment=True, padding=6, workers=2)
+    data = pipeline.build_train_dataset(mini_split, spec, epoch=2)
     images, labels = next(data.create_tuple_iterator(num_epochs=1, output_numpy=True))
     samples = plan.rank_steps(len(mini_split), 8, 2, 3, True, 1, 0)[0]
     crops = plan.augment_params(3, 2, samples, 6)
@@ -89,10 +89,15 @@ def test_soft_targets_and_cutmix_weight():
 
 
 def test_crop_ranges_must_be_ordered():
+    """Checked when the options are parsed, before MindSpore loads (so msdist.launch's pre-check finds it too)."""
     from msdist.run import config
-    cfg = config.parse(["--crop_scale_min", "0.9", "--crop_scale_max", "0.5"])
     with pytest.raises(ConfigError, match="crop_scale_min=0.9 exceeds crop_scale_max=0.5"):
-        augment.regularization_from(cfg, 4)
+        config.parse(["--crop_scale_min", "0.9", "--crop_scale_max", "0.5"])
+    with pytest.raises(ConfigError, match="crop_ratio_min=2.0 exceeds crop_ratio_max"):
+        config.parse(["--crop_ratio_min", "2"])
+    from msdist import launch
+    with pytest.raises(ConfigError, match="crop_scale_min=0.9 exceeds crop_scale_max=0.5"):
+        launch.parse_args(["-n", "2", "--crop_scale_min", "0.9", "--crop_scale_max", "0.5"])
 
 
 def test_reader_follows_msdist_listing_with_excluded_files_and_mixed_extensions(data_dir, tmp_path):
@@ -126,8 +131,9 @@ def test_corrupt_file_in_the_middle_of_a_shard_is_named(data_dir, tmp_path, cont
     victim = split.files[rank1[len(rank1) // 2]]          # in the middle of rank 1's shard
     with open(victim, "wb") as f:
         f.write(content)
-    data = pipeline.build_train_dataset(split, batch_size=8, image_size=32, epoch=0, seed=1, shuffle=True,
-                                        augment=True, padding=2, world_size=2, rank=1, global_batch=16, workers=2)
+    spec = pipeline.TrainInput(image_size=32, global_batch=16, seed=1, shuffle=True, augment=True, padding=2, workers=2,
+                               world_size=2, rank=1)
+    data = pipeline.build_train_dataset(split, spec, epoch=0)
     with pytest.raises(DataError) as err:   # (the engine reads ahead, so it may fail before batch 1 arrives)
         for _ in data.create_tuple_iterator(num_epochs=1, output_numpy=True):
             pass
@@ -150,9 +156,9 @@ def _global_batches(split, reg, world, skip=0, steps=3, workers=2, augment=True,
     """The first `steps` global batches (images, labels) as the ranks of a `world`-card job assemble them."""
     images, labels = [None] * steps, [None] * steps
     for rank in range(world):
-        data = build(split, batch_size=8 // world, image_size=32, epoch=1, seed=5, shuffle=True, augment=augment,
-                     padding=2, world_size=world, rank=rank, global_batch=8, workers=workers, skip_steps=skip,
-                     regularization=reg)
+        spec = pipeline.TrainInput(image_size=32, global_batch=8, seed=5, shuffle=True, augment=augment, padding=2,
+                                   workers=workers, world_size=world, rank=rank, regularization=reg or Regularization())
+        data = build(split, spec, epoch=1, skip_steps=skip)
         for step, (x, y) in enumerate(data.create_tuple_iterator(num_epochs=1, output_numpy=True)):
             if step == steps:
                 break

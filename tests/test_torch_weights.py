@@ -157,22 +157,24 @@ def test_a_pth_without_torch_installed_says_what_to_do(tmp_path):
 def test_resume_and_eval_read_the_convention_the_checkpoint_records(tmp_path):
     import mindspore as ms
     from msdist.base.errors import CheckpointError
-    from msdist.run import checkpoint
+    from msdist.run import checkpoint, checkpoint_model
     params = [{"name": "w", "data": ms.Parameter(ms.Tensor(np.ones((1,), np.float32)), name="w")}]
     directory = str(tmp_path / "ckpt")
     for epoch in (1, 2):
         info = checkpoint.save(params, directory, "m", 0, {"epoch": epoch, "step": 3, "global_step": 3 * epoch,
                                                            "config_hash": "h"}, {"convention": "torch"})
-    assert checkpoint.resume_meta("auto", directory, "m", 0) == {"convention": "torch"}
+    assert checkpoint_model.resume_meta("auto", directory, "m", 0) == {"convention": "torch"}
     os.remove(f"{info.path}.json")  # without the sidecar, the string inside the file answers
-    assert checkpoint.resume_meta(info.path, directory, "m", 0) == {"convention": "torch"}
-    assert checkpoint.resume_meta("", directory, "m", 0) == {} == checkpoint.resume_meta("auto", directory, "x", 0)
+    assert checkpoint_model.resume_meta(info.path, directory, "m", 0) == {"convention": "torch"}
+    assert checkpoint_model.resume_meta("", directory, "m", 0) == {}
+    assert checkpoint_model.resume_meta("auto", directory, "x", 0) == {}
     # Before this field, and without any metadata (model zoo, MindCV): MindSpore's padding, as always.
     ms.save_checkpoint(params, str(tmp_path / "zoo.ckpt"))
-    assert checkpoint.stored_meta(str(tmp_path / "zoo.ckpt")) == {}
+    assert checkpoint_model.stored_meta(str(tmp_path / "zoo.ckpt")) == {}
     with pytest.raises(CheckpointError, match="holds no model metadata"):  # predict and export need it
-        checkpoint.read_meta(str(tmp_path / "zoo.ckpt"))
-    assert checkpoint.meta_convention({}) == checkpoint.meta_convention({"model": "resnet18"}) == "mindspore"
+        checkpoint_model.read_meta(str(tmp_path / "zoo.ckpt"))
+    assert checkpoint_model.meta_convention({}) == "mindspore"
+    assert checkpoint_model.meta_convention({"model": "resnet18"}) == "mindspore"
 
 
 # ---------------------------------------------------------------- training from torch-named weights
@@ -201,7 +203,7 @@ def test_two_rank_finetune_from_safetensors_with_a_new_head(standalone_run, data
     import mindspore as ms
     from conftest import load_params
     from models import create_model
-    from msdist.run import checkpoint, inference, weights
+    from msdist.run import checkpoint_model, weights
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     out, _ = standalone_run
     model_names = {p.name for p in create_model("resnet_tiny", 4).get_parameters()}
@@ -214,7 +216,7 @@ def test_two_rank_finetune_from_safetensors_with_a_new_head(standalone_run, data
     start = create_model("resnet_tiny", 2)
     weights.load_pretrained(start, weights.read(str(tmp_path / "fruits4.safetensors")), "resnet_tiny")
     start.set_train(False)
-    meta = inference.model_meta("resnet_tiny", 2, 32, {"mango": 0, "raspberry": 1}, "torch")
+    meta = checkpoint_model.model_meta("resnet_tiny", 2, 32, {"mango": 0, "raspberry": 1}, "torch")
     start_accuracy = _accuracy(start, meta, data)
 
     run = tmp_path / "run"
@@ -229,7 +231,7 @@ def test_two_rank_finetune_from_safetensors_with_a_new_head(standalone_run, data
     assert result["world_size"] == 2 and result["num_samples"] == 32
     assert result["accuracy"] > start_accuracy, (start_accuracy, result["accuracy"])
     for rank in (0, 1):
-        assert checkpoint.stored_meta(checkpoints(run, rank)[-1])["convention"] == "torch"
+        assert checkpoint_model.stored_meta(checkpoints(run, rank)[-1])["convention"] == "torch"
 
 
 # ---------------------------------------------------------------- the convention through train, resume, eval
@@ -238,17 +240,17 @@ def test_two_rank_finetune_from_safetensors_with_a_new_head(standalone_run, data
 @pytest.mark.slow
 def test_torch_padding_flows_through_training_resume_and_eval(data_dir, tmp_path):
     """ResNet-18 (it has the stem max-pool) at 32 px: its 16x16 map is even, where the conventions differ."""
-    from msdist.run import checkpoint
+    from msdist.run import checkpoint_model
     _write_torch_named(_model_params("resnet18", 4), tmp_path / "resnet18.safetensors")
     run = tmp_path / "run"
     args = ["--model", "resnet18", "--max_steps", 1, "--batch_size", 8, "--eval_batch_size", 16]
     run_msdist("train", tiny_args(data_dir, run, *args, "--pretrained", tmp_path / "resnet18.safetensors"))
-    assert checkpoint.stored_meta(checkpoints(run, 0)[-1])["convention"] == "torch"
+    assert checkpoint_model.stored_meta(checkpoints(run, 0)[-1])["convention"] == "torch"
     # Resumed without --pretrained: the network is built as the checkpoint says, not as MindSpore's default.
     args[args.index("--max_steps") + 1] = 2
     run_msdist("train", tiny_args(data_dir, run, *args, "--resume", "auto"))
     newest = checkpoints(run, 0)[-1]
-    assert newest.endswith("-1_2.ckpt") and checkpoint.stored_meta(newest)["convention"] == "torch"
+    assert newest.endswith("-1_2.ckpt") and checkpoint_model.stored_meta(newest)["convention"] == "torch"
     # msdist.eval rebuilds the same network from the checkpoint: the same loss as training's own evaluation.
     run_msdist("eval", tiny_args(data_dir, tmp_path / "eval", "--model", "resnet18", "--ckpt", newest,
                                  "--eval_batch_size", 16))
@@ -293,11 +295,11 @@ def _msdist_checkpoint(source_path: str, model: str, path: str, convention: str)
     """The checkpoint training from these weights would start from: the network as --pretrained builds it, with
     the metadata every checkpoint carries (here with 1000 class names and `convention` as given)."""
     from msdist.engine import step
-    from msdist.run import checkpoint, inference, weights
+    from msdist.run import checkpoint, checkpoint_model, weights
     source = weights.read(source_path)
     net = step.build_network(model, 1000, False, False, 1, convention)
     weights.load_pretrained(net, source, model)
-    meta = inference.model_meta(model, 1000, IMAGE_SIZE, {c: i for i, c in enumerate(CLASSES)}, convention)
+    meta = checkpoint_model.model_meta(model, 1000, IMAGE_SIZE, {c: i for i, c in enumerate(CLASSES)}, convention)
     checkpoint.save_as([{"name": p.name, "data": p} for p in net.get_parameters()], path,
                        {"epoch": 0, "step": 0, "global_step": 0, "config_hash": ""}, meta)
     return path

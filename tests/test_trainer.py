@@ -36,7 +36,7 @@ def test_position_counts_as_checkpoints_and_step_lines_do():
 
 
 def test_a_resume_with_other_steps_per_epoch_continues_at_the_global_step_and_says_so(caplog):
-    logger = logging.getLogger("msdist.run.position")  # msdist's loggers may not propagate (monitor.setup_logging)
+    logger = logging.getLogger("msdist.run.position")  # msdist's loggers may not propagate (logs.setup_logging)
     logger.addHandler(caplog.handler)
     try:
         assert Position(2, 6, 18).resumed(12, "x.ckpt") == Position(2, 6, 18)
@@ -68,8 +68,8 @@ def test_no_epoch_arithmetic_outside_the_position_type():
 def test_each_state_prefix_is_written_once_in_the_package():
     from msdist.engine import ema, loss_scale, reducers
     prefixes = optim.STATE_PREFIXES + (reducers.RESIDUAL_PREFIX, loss_scale.STATE_PREFIX, ema.PREFIX)
-    from msdist.run import checkpoint
-    assert checkpoint.training_state_prefixes() == prefixes
+    from msdist.run import checkpoint_model
+    assert checkpoint_model.training_state_prefixes() == prefixes
     seen = {p: [] for p in prefixes if p.endswith(".")}
     for root, _, files in os.walk(os.path.join(REPO, "msdist")):
         for name in (f for f in files if f.endswith(".py")):
@@ -109,6 +109,26 @@ def test_the_trainers_state_is_exactly_what_the_components_declare(tmp_path, dat
     assert len({p.name for p in state}) == len(state) == 38 + 1 + 0 + 3 + 62
     for prefixes, params in declared.items():  # each under its own component's prefix
         assert all(p.name.startswith(prefixes) for p in params), prefixes
+
+
+@pytest.mark.slow
+def test_an_epoch_end_makes_the_ranks_one_model_once_and_its_best_is_the_file_just_saved(tmp_path, data_dir):
+    """Save and evaluate at one epoch end share one `_one_model` (the EMA synced once, the BatchNorm statistics
+    gathered once), and the best checkpoint is decided by position: a link to the file saved at that step."""
+    from msdist.cluster import heartbeat
+    from msdist.cluster.stall import StallPolicy
+    from msdist.run import checkpoint
+    from msdist.run.build import checkpoint_place
+    trainer = _trainer(tmp_path, data_dir, "--ema_decay", 0.9, "--epochs", 1)
+    os.makedirs(tmp_path / "logs", exist_ok=True)
+    trainer.beat = heartbeat.Heartbeat(str(tmp_path / "logs"), 0, StallPolicy.from_options({"stall_timeout": "0"}))
+    ema, syncs = trainer.model.ema, []
+    synchronize = ema.synchronize
+    ema.synchronize = lambda collectives: syncs.append(collectives) or synchronize(collectives)
+    outcome = trainer.fit()
+    assert len(syncs) == 1 and outcome.metrics["accuracy"] >= 0
+    best = checkpoint.best_path(*checkpoint_place(trainer.cfg), 0)
+    assert outcome.newest.position == outcome.position and os.path.samefile(best, outcome.newest.path)
 
 
 # ---------------------------------------------------------------- checkpoints of earlier versions resume

@@ -10,7 +10,7 @@ import os
 
 from models import add_family
 
-add_family("convnet", ("convnet_tiny",))  # tests/ is sys.path[0] when this file runs as a script
+add_family("convnet")  # tests/ is sys.path[0] when this file runs as a script
 
 from msdist.run import build  # noqa: E402  (after the registration; MindSpore-free)
 from msdist.train import main  # noqa: E402

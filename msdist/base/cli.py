@@ -8,7 +8,7 @@ import sys
 from msdist.base import launch_env
 from msdist.base.errors import UserError, first_line
 
-# Configured by monitor.setup_logging to reach the rank's log file only, never the console.
+# Configured by run/logs.setup_logging to reach the rank's log file only, never the console.
 _crash_logger = logging.getLogger("msdist.crash")
 
 

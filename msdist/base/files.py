@@ -32,3 +32,12 @@ def atomic_write_text(path: str, text: str, durable: bool = False) -> None:
         replace_durably(tmp, path)
     else:
         os.replace(tmp, path)
+
+
+def rank_log_path(log_dir: str, rank: int, name: str = "rank") -> str:
+    """A rank's msdist log file, `{log_dir}/{name}_{rank}.log`.
+
+    The one naming rule for the process that writes it (run/logs.py) and those that append to it or point to
+    it (the watchdog's stack dumps, msdist.check --plan); here because this is the lowest layer they share.
+    """
+    return os.path.join(log_dir, f"{name}_{rank}.log")

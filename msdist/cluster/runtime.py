@@ -191,6 +191,16 @@ def prepare(verbose: bool = False, cpu_isa: str = "auto", local_world_size: int 
                        compile_cache_warm=bool(compile_cache) and _cache_is_warm(compile_cache, rank))
 
 
+def prepare_tool(local_world_size: int = 1) -> RuntimeInfo:
+    """`prepare` for a tool that only reads images through MindSpore's dataset engine (`msdist.data
+    check|bench`, pipeline benchmarks): the environment its decoders and threads read when MindSpore loads.
+
+    Args:
+        local_world_size: the ranks this process stands in for, which share the host's cores.
+    """
+    return prepare(False, "auto", local_world_size)
+
+
 def configure_mindspore(rt: RuntimeInfo) -> None:
     """Size MindSpore's CPU kernel thread pool to this rank's cores (its default assumes the whole host)."""
     from mindspore import device_context

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from msdist.base.errors import ConfigError
-from msdist.base.files import atomic_write_text
+from msdist.base.files import atomic_write_text, rank_log_path
 from msdist.cluster import heartbeat, preemption, rendezvous
 from msdist.cluster.failures import Failure, describe_exit, first_cause, traceback_tail, with_cluster_cause
 from msdist.cluster.stall import StallPolicy
@@ -102,7 +102,7 @@ class _Worker:
 
 def _log_paths(log_dir: str, rank: int) -> List[str]:
     """Where a rank's traceback can be: its msdist log (cli_main), else its raw output."""
-    return [os.path.join(log_dir, f"rank_{rank}.log"), os.path.join(log_dir, f"rank_{rank}.out")]
+    return [rank_log_path(log_dir, rank), os.path.join(log_dir, f"rank_{rank}.out")]
 
 
 def worker_env(plan: Plan, local_rank: int, host: str, port: int) -> Dict[str, str]:
@@ -307,7 +307,7 @@ def _dump_stacks(workers: List[_Worker], log_dir: str, why: str) -> None:
     """Every live rank appends all its threads' Python stacks to its log (heartbeat.dump_stacks_on_signal)."""
     for w in workers:
         if w.proc.poll() is None:
-            with open(os.path.join(log_dir, f"rank_{w.rank}.log"), "a", encoding="utf-8") as log:
+            with open(rank_log_path(log_dir, w.rank), "a", encoding="utf-8") as log:
                 log.write(f"--- msdist.launch: {why}; Python stacks of every thread (most recent call first) ---\n")
             os.kill(w.proc.pid, heartbeat.STACK_DUMP_SIGNAL)
     time.sleep(_STACK_DUMP_S)

@@ -27,6 +27,7 @@ import time
 
 from msdist.base.launch_env import LaunchEnv
 from msdist.cluster import heartbeat
+from msdist.base.files import rank_log_path
 from msdist.cluster.stall import StallPolicy
 
 _POLL_S = 1.0
@@ -95,7 +96,7 @@ class Watchdog:
             pid = state.beat.get("pid")
             if state.rank == self.rank or state.beat.get("host") != here or not pid:
                 continue
-            with open(rank_log(self.log_dir, state.rank), "a", encoding="utf-8") as log:
+            with open(rank_log_path(self.log_dir, state.rank), "a", encoding="utf-8") as log:
                 log.write(f"--- msdist: rank {self.rank} ended the job; Python stacks of every thread "
                           "(most recent call first) ---\n")
             try:
@@ -119,15 +120,10 @@ def watch_this_rank(log_dir: str, launch: LaunchEnv, policy: StallPolicy) -> hea
     """
     beat = heartbeat.Heartbeat(log_dir, launch.rank, policy).start()
     if needed(launch, policy):
-        Watchdog(log_dir, launch.rank, launch.world_size, rank_log(log_dir, launch.rank), policy).start()
+        Watchdog(log_dir, launch.rank, launch.world_size, rank_log_path(log_dir, launch.rank), policy).start()
     return beat
 
 
 def needed(launch: LaunchEnv, policy: StallPolicy) -> bool:
     """Whether this rank runs a watchdog: always, unless msdist.launch's supervisor watches or watching is off."""
     return launch.launcher != "msdist.launch" and policy.watches_progress
-
-
-def rank_log(log_dir: str, rank: int) -> str:
-    """Where a rank's msdist log is (run.monitor.setup_logging's naming), for its stack dumps."""
-    return os.path.join(log_dir, f"rank_{rank}.log")

@@ -8,9 +8,10 @@
 import argparse
 import sys
 
+from msdist.base.args import ArgumentParser, boolean
 from msdist.base.cli import cli_main
 from msdist.base.errors import ConfigError, DataError
-from msdist.run.config import ArgumentParser, boolean
+from msdist.cluster import runtime
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,8 +67,7 @@ def main(argv=None) -> int:
 
 
 def _check(data_dir: str, tiny) -> None:
-    from msdist.run import startup
-    startup.prepare_tool()   # PNG/BMP files are confirmed with MindSpore's decoder, which reads these variables
+    runtime.prepare_tool()   # PNG/BMP files are confirmed with MindSpore's decoder, which reads these variables
     from msdist.data import check
 
     report = check.scan(data_dir)
@@ -85,8 +85,7 @@ def _bench(args) -> None:
     if args.workers > (os.cpu_count() or 1):
         raise ConfigError(f"--workers {args.workers} exceeds this host's {os.cpu_count()} cores (MindSpore's limit); "
                           f"use at most {os.cpu_count()}")
-    from msdist.run import startup
-    startup.prepare_tool()
+    runtime.prepare_tool()
     from msdist.data import bench, pipeline
     from msdist.data.augment import Regularization
     pipeline.check_data_dir(args.dir)

@@ -11,8 +11,6 @@ from typing import Tuple
 
 import numpy as np
 
-from msdist.base.errors import ConfigError
-
 
 @dataclass(frozen=True)
 class Regularization:
@@ -44,21 +42,6 @@ class Regularization:
     def soft_labels(self) -> bool:
         """Targets are float class distributions (the loss must take them), not class indices."""
         return self.mixing or self.label_smoothing > 0
-
-
-def regularization_from(cfg, num_classes: int) -> Regularization:
-    """The Regularization named by the training options of `cfg` (see msdist/run/config.py).
-
-    Raises:
-        ConfigError: a crop_scale or crop_ratio range whose min exceeds its max.
-    """
-    for name in ("crop_scale", "crop_ratio"):
-        low, high = getattr(cfg, f"{name}_min"), getattr(cfg, f"{name}_max")
-        if low > high:
-            raise ConfigError(f"{name}_min={low} exceeds {name}_max={high}; pass a range with min <= max")
-    return Regularization(cfg.train_crop, (cfg.crop_scale_min, cfg.crop_scale_max),
-                          (cfg.crop_ratio_min, cfg.crop_ratio_max), cfg.color_jitter, cfg.mixup, cfg.cutmix,
-                          cfg.label_smoothing, num_classes)
 
 
 def _overlap(offset: int, size: int):

@@ -70,13 +70,12 @@ def train_epoch_maker(setup: Setup, workers: int, split=None) -> Callable[[int],
     """epoch -> msdist's training dataset of that epoch (`pipeline.build_train_dataset`)."""
     from msdist.data import pipeline
     split = split or _split(setup)
+    spec = pipeline.TrainInput(image_size=setup.image_size, global_batch=setup.batch_size, seed=setup.seed,
+                               shuffle=True, augment=setup.augment, padding=setup.padding, workers=workers,
+                               regularization=setup.regularization or pipeline.Regularization())
 
     def make_epoch(epoch: int):
-        return pipeline.build_train_dataset(split, batch_size=setup.batch_size, image_size=setup.image_size,
-                                            epoch=epoch, seed=setup.seed, shuffle=True, augment=setup.augment,
-                                            padding=setup.padding, world_size=1, rank=0,
-                                            global_batch=setup.batch_size, workers=workers,
-                                            regularization=setup.regularization)
+        return pipeline.build_train_dataset(split, spec, epoch)
     return make_epoch
 
 

@@ -18,7 +18,7 @@ samples, and its shards are not the single-card batches.
 """
 import os
 from dataclasses import dataclass, replace
-from typing import Dict, Iterable, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Sequence, Tuple
 
 import numpy as np
 
@@ -118,8 +118,6 @@ def list_split(data_dir: str, split: str, classes: Dict[str, int], exclude: Iter
                  tuple(sorted(classes.items(), key=lambda kv: kv[1])))
 
 
-
-
 def usable_workers(workers: int) -> int:
     """`workers` within 1..cores: MindSpore refuses more dataset workers than the host has cores."""
     return max(1, min(workers, os.cpu_count() or 1))
@@ -157,9 +155,6 @@ class Batches:
 
     def __init__(self, dataset, files: Sequence[str]):
         self.dataset, self.files = dataset, files
-
-    def get_dataset_size(self) -> int:
-        return self.dataset.get_dataset_size()
 
     def create_tuple_iterator(self, **kwargs):
         iterator = self.dataset.create_tuple_iterator(**kwargs)
@@ -239,37 +234,66 @@ class _BatchTransform:
         return vision.Resize((self.image_size, self.image_size))(crop).transpose(2, 0, 1)
 
 
-def build_train_dataset(split: Split, *, batch_size: int, image_size: int, epoch: int, seed: int,
-                        shuffle: bool, augment: bool, padding: int, world_size: int, rank: int,
-                        global_batch: int, workers: int, skip_steps: int = 0,
-                        regularization: Optional[Regularization] = None) -> Batches:
+@dataclass(frozen=True)
+class TrainInput:
+    """One rank's training input, resolved once from the options (`msdist.run.options.train_input`): the
+    same every epoch, so an epoch's dataset is this plus the epoch and where in it to start.
+
+    Attributes:
+        image_size: the square training resolution.
+        global_batch: images per optimizer step over all ranks; this rank reads its 1/world_size of them.
+        seed, shuffle: the epoch order (`plan.epoch_permutation`) and every per-sample random choice.
+        augment, padding: the padded random crop and flip.
+        workers: dataset workers (clipped to the host's cores when the dataset is built).
+        world_size, rank: which shard of each global batch this rank reads.
+        regularization: the options beyond crop and flip; with random_resized, the crop applies only
+            when `augment` is on.
+    """
+    image_size: int
+    global_batch: int
+    seed: int
+    shuffle: bool
+    augment: bool
+    padding: int
+    workers: int
+    world_size: int = 1
+    rank: int = 0
+    regularization: Regularization = Regularization()
+
+    @property
+    def batch_size(self) -> int:
+        """This rank's share of each global batch."""
+        return plan.per_rank_batch(self.global_batch, self.world_size)
+
+
+def build_train_dataset(split: Split, spec: TrainInput, epoch: int, skip_steps: int = 0) -> Batches:
     """One epoch of this rank's training batches: images NCHW float32, labels int32 (or float32
-    (batch, classes) targets when `regularization` mixes or smooths them).
+    (batch, classes) targets when `spec.regularization` mixes or smooths them).
 
     `skip_steps` drops the epoch's first batches, for an exact resume in the middle of an epoch.
-    With `regularization.train_crop` random_resized, the crop applies only when `augment` is on.
     """
     from mindspore.dataset import vision
 
-    reg = regularization or Regularization()
-    workers = usable_workers(workers)
-    steps = plan.rank_steps(len(split), global_batch, epoch, seed, shuffle, world_size, rank, skip_steps)
+    reg, augment, image_size = spec.regularization, spec.augment, spec.image_size
+    workers = usable_workers(spec.workers)
+    steps = plan.rank_steps(len(split), spec.global_batch, epoch, spec.seed, spec.shuffle, spec.world_size, spec.rank,
+                            skip_steps)
     mixes = None
     if reg.mixing:
-        partners, mixes = plan.rank_partners(len(split), global_batch, epoch, seed, shuffle, world_size, rank,
-                                             skip_steps, reg.mixup, reg.cutmix)
+        partners, mixes = plan.rank_partners(len(split), spec.global_batch, epoch, spec.seed, spec.shuffle,
+                                             spec.world_size, spec.rank, skip_steps, reg.mixup, reg.cutmix)
         steps = np.concatenate([steps, partners], axis=1)   # the partners are read right after the step's own
     files = [split.files[i] for i in steps.reshape(-1)]
     data = reader(split, steps.reshape(-1), workers)
     if not (augment or reg.color_jitter > 0 or reg.soft_labels):
         # Nothing per sample: the evaluation chain (a native ImageFolderDataset loop's, too), all C++.
         data = data.map(resize_normalize(image_size), input_columns="image", num_parallel_workers=workers)
-        return Batches(data.batch(batch_size, drop_remainder=True), files)
+        return Batches(data.batch(spec.batch_size, drop_remainder=True), files)
     if not (augment and reg.train_crop == "random_resized"):
         reg = replace(reg, train_crop="resize")
         data = data.map(vision.Resize((image_size, image_size)), input_columns="image", num_parallel_workers=workers)
-    transform = _BatchTransform(steps, np.asarray(split.labels)[steps], mixes, seed=seed, epoch=epoch,
-                                augment=augment, padding=padding, image_size=image_size, reg=reg)
+    transform = _BatchTransform(steps, np.asarray(split.labels)[steps], mixes, seed=spec.seed, epoch=epoch,
+                                augment=augment, padding=spec.padding, image_size=image_size, reg=reg)
     # One Python call per batch, in as many threads as there are workers: NumPy's copies and arithmetic
     # release the GIL, so batches are cropped side by side while the C++ workers decode the next ones.
     data = data.batch(steps.shape[1], drop_remainder=True, per_batch_map=transform,

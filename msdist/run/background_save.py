@@ -24,6 +24,7 @@ import numpy as np
 
 from msdist.cluster import distributed
 from msdist.run import checkpoint
+from msdist.run.checkpoint_saver import Saver
 from msdist.run.position import Position
 
 _logger = logging.getLogger(__name__)
@@ -40,12 +41,12 @@ class BackgroundSaver:
     """The one background writer of a run's saves by steps.
 
     Args:
-        saver: the run's `checkpoint.Saver` (where files go, what they hold); its `newest` is updated on the
+        saver: the run's `checkpoint_saver.Saver` (where files go, what they hold); its `newest` is updated on the
             main thread once a background write has completed.
         collectives: for the replica check before each copy (main thread).
     """
 
-    def __init__(self, saver: checkpoint.Saver, collectives):
+    def __init__(self, saver: Saver, collectives):
         self.saver, self.collectives = saver, collectives
         self._thread: Optional[threading.Thread] = None
         self._written: Optional[checkpoint.CheckpointInfo] = None

@@ -13,23 +13,27 @@ import numpy as np
 from models import DEFAULT_CONVENTION
 from msdist.base.errors import DataError, alike_on_every_rank
 from msdist.cluster import runtime
-from msdist.data import augment, pipeline, plan
-from msdist.run import config
+from msdist.data import pipeline, plan
+from msdist.run import options
 
-_logger = logging.getLogger("msdist.train")  # the run's start-up lines, under the name they always had
+_logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Data:
-    """The run's data, resolved once: splits, class map and the per-epoch step plan."""
+    """The run's data, resolved once: splits, class map, this rank's training input and the epoch's steps."""
     classes: Dict[str, int]
     train: "pipeline.Split"
     test: "pipeline.Split"
     excluded: Sequence[str]
-    per_rank_batch: int
+    num_classes: int                      # the model's outputs (`options.num_classes`)
+    train_input: "pipeline.TrainInput"   # what every epoch's training dataset is built from
     steps_per_epoch: int
-    workers: int
-    regularization: "augment.Regularization"   # the per-sample options beyond crop and flip
+    eval_batch: int                       # per rank
+
+    @property
+    def per_rank_batch(self) -> int:
+        return self.train_input.batch_size
 
 
 def checked_classes(cfg, dist, collectives) -> Tuple[Dict[str, int], Sequence[str]]:
@@ -37,8 +41,8 @@ def checked_classes(cfg, dist, collectives) -> Tuple[Dict[str, int], Sequence[st
 
     All ranks leave out the same files, so the class map and the shards agree everywhere.
     """
-    from msdist.data import check as data_check
-    excluded = data_check.shared_exclusions(cfg.data_dir, cfg.bad_images == "skip", dist.rank, collectives)
+    from msdist.data import shared_check
+    excluded = shared_check.shared_exclusions(cfg.data_dir, cfg.bad_images == "skip", dist.rank, collectives)
     return pipeline.class_map(cfg.data_dir), excluded
 
 
@@ -52,9 +56,10 @@ def load_data(cfg, dist, collectives, rt) -> Data:
             raise DataError(f"{len(train_split)} training images cannot fill one global batch of {cfg.batch_size}; "
                             "lower --batch_size")
         test_split = pipeline.list_split(cfg.data_dir, pipeline.TEST_SPLIT, classes, exclude=excluded)
-    data = Data(classes, train_split, test_split, excluded, plan.per_rank_batch(cfg.batch_size, dist.world_size),
-                steps, cfg.num_workers or rt.threads_per_rank,
-                augment.regularization_from(cfg, cfg.num_classes or len(classes)))
+    outputs = options.num_classes(cfg, classes)
+    spec = options.train_input(cfg, dist.world_size, dist.rank, options.workers(cfg, rt), outputs)
+    data = Data(classes, train_split, test_split, excluded, outputs, spec, steps,
+                options.eval_batch(cfg, spec.batch_size))
     _logger.info("world size %d (%s, %s) | global batch %d = %d per rank | %d classes | %d train / %d test images"
                  " | %d steps/epoch (%d left over) | %s", dist.world_size, dist.device_target,
                  dist.backend or "standalone", cfg.batch_size, data.per_rank_batch, len(classes), len(train_split),
@@ -95,10 +100,10 @@ def checkpoint_place(cfg) -> Tuple[str, str]:
 def _convention(cfg, rank: int, source) -> str:
     """How the network pads (models.CONVENTIONS): as the checkpoint --resume restores was built, else as the
     --pretrained weights (`source`) were trained, else MindSpore's."""
-    from msdist.run import checkpoint
-    resumed = checkpoint.resume_meta(cfg.resume, *checkpoint_place(cfg), rank)
+    from msdist.run import checkpoint_model
+    resumed = checkpoint_model.resume_meta(cfg.resume, *checkpoint_place(cfg), rank)
     if resumed:
-        return checkpoint.meta_convention(resumed)
+        return checkpoint_model.meta_convention(resumed)
     return DEFAULT_CONVENTION if source is None else source.convention
 
 
@@ -108,44 +113,39 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
 
     from msdist.engine import ema, loss_scale, optim, precision, reducers, step
     from msdist.run import weights
-    amp_level = precision.resolve_amp_level(cfg.amp_level, dist.device_target)
+    plan = options.step_plan(cfg, dist.device_target, dist.world_size)
     precision.warn_if_no_speedup(cfg.amp_level, dist.device_target)
-    scale_plan = precision.loss_scale_plan(cfg.loss_scale, amp_level, cfg.amp_dtype, cfg.grad_compression)
-    _logger.info("precision: amp %s | loss scale %s", amp_level if amp_level == "O0" else f"{amp_level} "
-                 f"{cfg.amp_dtype}", scale_plan.describe())
+    _logger.info("precision: %s", plan.describe_precision())
     with alike_on_every_rank():  # every rank reads the same file
         source = weights.read(cfg.pretrained) if cfg.pretrained else None
     convention = _convention(cfg, dist.rank, source)
-    net = step.build_network(cfg.model, cfg.num_classes or len(data.classes), cfg.zero_init_last_bn, cfg.sync_bn,
+    net = step.build_network(cfg.model, data.num_classes, cfg.zero_init_last_bn, cfg.sync_bn,
                              dist.world_size, convention)
     if source is not None:  # before resume, which overrides it
         with alike_on_every_rank():
             weights.load_pretrained(net, source, cfg.model)
     if cfg.freeze_backbone:
         weights.freeze_backbone(net)
-    net = step.mixed_precision(net, amp_level, cfg.amp_dtype)
-    lrs = optim.lr_schedule(cfg.lr_schedule, cfg.lr * dist.world_size if cfg.scale_lr else cfg.lr, cfg.epochs,
-                            data.steps_per_epoch, cfg.warmup_epochs, cfg.lr_step_size, cfg.lr_gamma, cfg.min_lr)
+    net = step.mixed_precision(net, plan.amp_level, plan.amp_dtype)
+    lrs = options.learning_rates(cfg, dist.world_size, data.steps_per_epoch)
     optimizer = optim.create_optimizer(net.trainable_params(), lrs, cfg.momentum, cfg.weight_decay,
                                        cfg.backbone_lr_scale, weights.HEAD_PREFIX)
-    step.split_allreduce_fusion(config.fusion_split(cfg.allreduce_fusion), len(optimizer.parameters),
-                                dist.world_size)
-    reducer = reducers.create_reducer(cfg.grad_compression, optimizer.parameters, dist.world_size,
-                                      topk_ratio=cfg.topk_ratio, threshold=cfg.threshold,
-                                      error_feedback=cfg.error_feedback)
-    scaler = loss_scale.LossScaler(scale_plan, dist.world_size, rank=dist.rank)
+    step.split_allreduce_fusion(plan.fusion, len(optimizer.parameters), dist.world_size)
+    reducer = reducers.create_reducer(plan.grad_compression, optimizer.parameters, dist.world_size,
+                                      topk_ratio=plan.topk_ratio, threshold=plan.threshold,
+                                      error_feedback=plan.error_feedback)
+    scaler = loss_scale.LossScaler(plan.loss_scale, dist.world_size, rank=dist.rank)
     # batch_size stays the global batch of one optimizer step; accumulation splits each rank's share.
-    micro_batch = plan.micro_batch_size(data.per_rank_batch, cfg.grad_accum_steps)
-    train_step = step.TrainStep(net, step.create_loss(data.regularization.soft_labels), optimizer, scaler, reducer,
-                                cfg.grad_accum_steps)
-    _logger.info("gradients: %s | %d micro-batch(es) of %d per rank per optimizer step", cfg.grad_compression,
-                 cfg.grad_accum_steps, micro_batch)
+    micro_batch, size = plan.micro_batch, data.train_input.image_size
+    soft_labels = data.train_input.regularization.soft_labels
+    train_step = step.TrainStep(net, step.create_loss(soft_labels), optimizer, scaler, reducer, plan.accum_steps)
+    _logger.info("gradients: %s | %d micro-batch(es) of %d per rank per optimizer step", plan.grad_compression,
+                 plan.accum_steps, micro_batch)
     train_step.set_train(True)
     compile_start = time.perf_counter()
     with runtime.compile_cache_scope(rt):  # compiled ahead of the first batch, so a restart can load it
-        train_step.compile(ms.Tensor(shape=(micro_batch, 3, cfg.image_size, cfg.image_size), dtype=ms.float32),
-                           step.label_placeholder(micro_batch, data.regularization.num_classes,
-                                                  data.regularization.soft_labels))
+        train_step.compile(ms.Tensor(shape=(micro_batch, 3, size, size), dtype=ms.float32),
+                           step.label_placeholder(micro_batch, data.num_classes, soft_labels))
     compile_seconds = time.perf_counter() - compile_start
     _logger.info("train step compiled in %.1f s", compile_seconds)
     runtime.release_compile_memory()

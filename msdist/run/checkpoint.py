@@ -1,4 +1,8 @@
-"""Checkpoints: atomic writes with a sha256, resume state inside the file, newest-good lookup.
+"""The checkpoint file format: atomic writes with a sha256 sidecar, resume state inside the file, newest-good
+lookup, pruning, loading with integrity and shape checks.
+
+What the model part of a checkpoint means (its metadata, loading its weights) is `checkpoint_model.py`; what a
+run saves and restores, and when, is `checkpoint_saver.py`. This module knows files, names and integrity only.
 
 File layout in `{output_dir}/ckpt/`:
     {prefix}_rank{r}-{epoch}_{step}.ckpt        MindSpore checkpoint; epoch, step, global_step and
@@ -7,8 +11,8 @@ File layout in `{output_dir}/ckpt/`:
                                                so listing and ordering never open (or parse names of)
                                                the big files
     {prefix}_rank{r}_best.ckpt (+ .json)       the model at its best evaluation so far; the sidecar adds
-                                               `accuracy`. Never pruned. Taken right after a save of the
-                                               same model, it is that checkpoint (a hard link; the
+                                               `accuracy`. Never pruned. Taken at the position of the
+                                               save just made, it is that checkpoint (a hard link; the
                                                training state in it is ignored by evaluation)
     {prefix}_rank{r}_ema.ckpt (+ .json)        with --ema_decay: the newest EMA weights under the model's
                                                names. Never pruned.
@@ -16,10 +20,9 @@ File layout in `{output_dir}/ckpt/`:
 Data-parallel replicas write byte-identical files, so a rank's file that equals rank 0's is a hard link
 to it (one copy on disk), numbered, best and EMA alike.
 
-Training also stores the model's metadata (model name, num_classes, image_size, class names, and the
-padding convention of its weights, models.CONVENTIONS) inside every checkpoint (`msdist_meta`, a JSON
-string) and in its sidecar (`meta`), so eval, predict, export and resume rebuild the same network from
-the checkpoint alone.
+Training also stores the model's metadata (`checkpoint_model.model_meta`) inside every checkpoint
+(`msdist_meta`, a JSON string) and in its sidecar (`meta`), so eval, predict, export and resume rebuild the
+same network from the checkpoint alone. The key is part of the file's layout, so it is named here.
 
 A checkpoint counts as good only when its sidecar exists and the sha256 matches. The sidecar is
 renamed into place last, so a crash at any point leaves either a complete pair or an ignorable tmp.
@@ -30,9 +33,8 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
-from models import DEFAULT_CONVENTION
 from msdist.base.errors import CheckpointError, first_line
 from msdist.base.files import atomic_write_text, replace_durably
 from msdist.run.position import Position
@@ -43,7 +45,7 @@ STATE_KEYS = ("epoch", "step", "global_step", "config_hash")
 # Inside the .ckpt the state is stored under prefixed names: the optimizer's own `global_step`
 # Parameter is saved too, and a bare `global_step` entry would overwrite it.
 _STATE_PREFIX = "msdist_state."
-META_KEY = "msdist_meta"  # JSON string: model, num_classes, image_size, classes, mean, std, convention
+META_KEY = "msdist_meta"  # JSON string: the model metadata (checkpoint_model.model_meta)
 MAX_CHECKPOINT_BYTES = 8 << 30   # refuse absurd files before reading them
 _SUFFIXES = (".ckpt", ".safetensors")
 
@@ -55,17 +57,8 @@ class CheckpointInfo:
     config_hash: str
 
 
-def training_state_prefixes() -> tuple:
-    """What a training checkpoint holds besides the model, by parameter-name prefix, as each component
-    declares it in its own module: the optimizer's moments and step counter, the reducer's residuals,
-    the loss scale, the EMA. `Saver` refuses state outside these, so evaluation, prediction and export
-    (`load_weights`) always know which part is the model.
-    """
-    from msdist.engine import ema, loss_scale, optim, reducers  # MindSpore: only where checkpoints are read
-    return optim.STATE_PREFIXES + (reducers.RESIDUAL_PREFIX, loss_scale.STATE_PREFIX, ema.PREFIX)
-
-
-def _position(state: Dict) -> Position:
+def position_of(state: Dict) -> Position:
+    """The position a checkpoint's state (or sidecar) records."""
     return Position(int(state["epoch"]), int(state["step"]), int(state["global_step"]))
 
 
@@ -116,7 +109,7 @@ def save(params: List[dict], directory: str, prefix: str, rank: int, state: Dict
     """
     path = os.path.join(directory, file_name(prefix, rank, state["epoch"], state["step"]))
     _write_pair(params, path, *_contents(state, meta))
-    return CheckpointInfo(path, _position(state), state["config_hash"])
+    return CheckpointInfo(path, position_of(state), state["config_hash"])
 
 
 def tagged_path(directory: str, prefix: str, rank: int, tag: str) -> str:
@@ -142,7 +135,7 @@ def save_as(params: List[dict], path: str, state: Dict, meta: Optional[Dict] = N
 def read_best(directory: str, prefix: str, rank: int) -> Optional[dict]:
     """The sidecar of this rank's best checkpoint (epoch, accuracy, ...) when it exists and verifies."""
     path = best_path(directory, prefix, rank)
-    meta = _read_sidecar(path)
+    meta = read_sidecar(path)
     if meta is None or "accuracy" not in meta or verify(path) is not None:
         return None
     return meta
@@ -166,12 +159,12 @@ def keep_best(params: List[dict], directory: str, prefix: str, rank: int, state:
     if best is not None and accuracy <= best["accuracy"]:
         return False
     path = best_path(directory, prefix, rank)
-    if saved is None or not _link(saved, path, accuracy=accuracy):
+    if saved is None or not link(saved, path, accuracy=accuracy):
         save_as(params, path, state, meta, accuracy=accuracy)
     return True
 
 
-def _link(source: str, path: str, **extra) -> bool:
+def link(source: str, path: str, **extra) -> bool:
     """Make `path` a hard link to the checkpoint `source`, with its own sidecar (source's plus `extra`).
 
     Returns:
@@ -187,11 +180,12 @@ def _link(source: str, path: str, **extra) -> bool:
         except OSError:
             return False
         replace_durably(tmp, path)
-    atomic_write_text(f"{path}.json", json.dumps({**_read_sidecar(source), **extra}), durable=True)
+    atomic_write_text(f"{path}.json", json.dumps({**read_sidecar(source), **extra}), durable=True)
     return True
 
 
-def _read_sidecar(path: str) -> Optional[dict]:
+def read_sidecar(path: str) -> Optional[dict]:
+    """The sidecar of checkpoint `path` (sha256, state, meta, ...), None when missing or incomplete."""
     try:
         with open(f"{path}.json", encoding="utf-8") as f:
             data = json.load(f)
@@ -204,17 +198,17 @@ def list_checkpoints(directory: str, prefix: str, rank: int) -> List[CheckpointI
     """This rank's checkpoints that have a sidecar, newest (highest global step) first. Not verified."""
     found = []
     for path in glob.glob(os.path.join(glob.escape(directory), f"{glob.escape(prefix)}_rank{rank}-*.ckpt")):
-        meta = _read_sidecar(path)
+        meta = read_sidecar(path)
         if meta is None:
             _logger.warning("checkpoint %s has no valid sidecar %s.json (interrupted save?); ignoring it", path, path)
             continue
-        found.append(CheckpointInfo(path, _position(meta), str(meta["config_hash"])))
+        found.append(CheckpointInfo(path, position_of(meta), str(meta["config_hash"])))
     return sorted(found, key=lambda c: c.position.global_step, reverse=True)
 
 
 def verify(path: str) -> Optional[str]:
     """None when `path` matches its recorded sha256, else the reason it does not."""
-    meta = _read_sidecar(path)
+    meta = read_sidecar(path)
     if meta is None:
         return "no sidecar with a sha256"
     try:
@@ -308,75 +302,12 @@ def read_tensors(path: str) -> Dict:
         problem = verify(path)
         if problem:
             raise CheckpointError(f"checkpoint {path} failed its integrity check: {problem}")
-    return _read_raw(path)
+    return read_entries(path)
 
 
-def stored_meta(path: str) -> Dict:
-    """The model metadata of checkpoint `path`, {} when it has none (model zoo, MindCV, a missing file).
-
-    The sidecar's copy when there is one, else the string inside the file: the tensors are never read.
-    Checkpoints from before issue 28 have no "convention" in it (models.DEFAULT_CONVENTION applies).
-    """
-    sidecar = _read_sidecar(path)
-    if sidecar is not None and "meta" in sidecar:
-        return sidecar["meta"]
-    if not os.path.isfile(path):
-        return {}
-    raw = _read_raw(path, choice_func=_meta_and_one_entry())
-    return json.loads(raw[META_KEY]) if META_KEY in raw else {}
-
-
-def _meta_and_one_entry():
-    """A load_checkpoint choice_func that keeps the metadata string and the first entry read, nothing else:
-    MindSpore refuses a selection that comes out empty, as it would for a file without metadata."""
-    kept = []
-
-    def choose(name: str) -> bool:
-        if name == META_KEY:
-            return True
-        if not kept:
-            kept.append(name)
-            return True
-        return False
-    return choose
-
-
-def meta_convention(meta: Dict) -> str:
-    """The padding convention (models.CONVENTIONS) a checkpoint's network was built with; metadata from before
-    issue 28, and files without any (model zoo, MindCV), mean MindSpore's."""
-    return meta.get("convention", DEFAULT_CONVENTION)
-
-
-def read_meta(path: str) -> Dict:
-    """The model metadata stored in checkpoint `path` (model, num_classes, image_size, classes, convention).
-
-    Raises:
-        CheckpointError: the file is missing, unreadable, or was not written by msdist.train.
-    """
-    if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint {path} not found")
-    meta = stored_meta(path)
-    if not meta:
-        raise CheckpointError(f"checkpoint {path} holds no model metadata (model, classes, image_size); use a "
-                              "checkpoint written by this version of msdist.train")
-    return meta
-
-
-def resume_meta(resume: str, directory: str, prefix: str, rank: int) -> Dict:
-    """The metadata of the checkpoint `--resume` will restore ({} when there is none to restore).
-
-    The network is built before the resume reads the tensors, and must be built as that checkpoint's was
-    (its convention). Every checkpoint of one run shares the metadata, so with `auto` this rank's newest
-    listed one answers, before the ranks agree on which one they restore.
-    """
-    if resume != "auto":
-        return stored_meta(resume) if resume else {}
-    found = list_checkpoints(directory, prefix, rank) or list_checkpoints(directory, prefix, 0)  # a grown job's new rank
-    return stored_meta(found[0].path) if found else {}
-
-
-def _read_raw(path: str, choice_func=None) -> Dict:
-    """ms.load_checkpoint, with any failure to read the file as a one-line CheckpointError."""
+def read_entries(path: str, choice_func=None) -> Dict:
+    """ms.load_checkpoint without the integrity check (`read_tensors` has it), any failure to read the file
+    being a one-line CheckpointError. `choice_func` selects entries, as MindSpore's."""
     import mindspore as ms
     try:
         return ms.load_checkpoint(path, format="safetensors" if path.endswith(".safetensors") else "ckpt",
@@ -408,160 +339,8 @@ def _check_fits(path: str, params: Dict, expected: Dict[str, tuple]) -> None:
         raise CheckpointError(f"checkpoint {path} does not fit the model: {'; '.join(problems[:6])}")
 
 
-def _zeros_like(param):
-    """A tensor of zeros with `param`'s shape and dtype."""
-    import mindspore as ms
-    import numpy as np
-    return ms.Tensor(np.zeros(param.shape, dtype=ms.dtype_to_nptype(param.dtype)))
 
 
-def is_training_state(name: str) -> bool:
-    """Whether a checkpoint entry is training state (optimizer, residuals) rather than part of the model."""
-    return name.startswith(training_state_prefixes())
-
-
-def _expected(params) -> Dict[str, tuple]:
+def shapes_of(params) -> Dict[str, tuple]:
+    """`load`'s `expected` for these Parameters: name -> (shape, dtype string)."""
     return {p.name: (tuple(p.shape), str(p.dtype)) for p in params}
-
-
-def load_weights(path: str, net) -> None:
-    """Load the model's part of a checkpoint into `net` (evaluation, prediction, export).
-
-    Raises:
-        CheckpointError: as `load`; training state in the file is ignored, anything else must fit.
-    """
-    import mindspore as ms
-    params = load(path, _expected(net.get_parameters()), optional_prefixes=training_state_prefixes())["params"]
-    ms.load_param_into_net(net, params, strict_load=True)
-
-
-class Saver:
-    """Writes and restores a run's resumable state: the model plus the training state the Trainer collects.
-
-    Built once per run. Every rank has one (each rank keeps its own files, `{prefix}_rank{r}-...`),
-    and saving first checks that the replicas still agree, so no checkpoint of a diverged job exists.
-
-    Args:
-        directory, prefix, rank: where this rank's checkpoints live.
-        keep: how many of this rank's newest checkpoints survive pruning.
-        config_hash: stored in every checkpoint; a resume under another config warns.
-        net: the model; its parameters are the model part of every checkpoint.
-        train_state: the other Parameters an exact resume needs (optimizer moments and step counter,
-            gradient-compression residuals, loss scale, EMA), each named under `training_state_prefixes()`.
-        collectives: `distributed.Collectives`, for the replica check and sharing files with rank 0.
-        meta: the model's metadata (`inference.model_meta`), stored in every checkpoint so predict and
-            export need nothing else.
-    """
-
-    def __init__(self, *, directory: str, prefix: str, rank: int, keep: int, config_hash: str, net,
-                 train_state: Sequence, collectives, meta: Optional[Dict] = None):
-        outside = [p.name for p in train_state if not is_training_state(p.name)]
-        if outside:
-            raise ValueError(f"training state {outside[:3]} is not named under {training_state_prefixes()}; "
-                             "add its prefix there so evaluation can tell it from the model")
-        self.directory, self.prefix, self.rank, self.keep = directory, prefix, rank, keep
-        self.config_hash = config_hash
-        self.net = net
-        self.params = list(net.get_parameters()) + list(train_state)
-        self.collectives = collectives
-        self.meta = meta
-        self.newest: Optional[CheckpointInfo] = None
-        self._saved_model: Optional[tuple] = None   # (global step, model digest) of this Saver's newest save
-
-    def state(self, at: Position) -> Dict:
-        """What every checkpoint of this run records of position `at` (and the config hash)."""
-        return {"epoch": at.epoch, "step": at.step, "global_step": at.global_step, "config_hash": self.config_hash}
-
-    def save(self, at: Position) -> CheckpointInfo:
-        """Check the replicas agree, write this rank's checkpoint atomically, then prune old ones."""
-        from msdist.cluster.distributed import check_replicas_identical
-        check_replicas_identical(self.collectives, self.net, f"at epoch {at.epoch} step {at.step}")
-        self.newest = save([{"name": p.name, "data": p} for p in self.params], self.directory, self.prefix,
-                           self.rank, self.state(at), self.meta)
-        self._saved_model = (at.global_step, self._model_digest())
-        self._share_with_rank0(self.newest.path)
-        prune(self.directory, self.prefix, self.rank, self.keep)
-        _logger.info("saved %s", self.newest.path)
-        return self.newest
-
-    def keep_best(self, at: Position, accuracy: float) -> bool:
-        """After an evaluation: make the model this rank's `_best` checkpoint if `accuracy` is a new best."""
-        # Evaluated right after the save at this step (the usual end of an epoch): the best is that file.
-        unchanged = self._saved_model is not None and self._saved_model[0] == at.global_step and \
-            self._saved_model[1] == self._model_digest()
-        saved = self.newest.path if unchanged else None
-        better = keep_best([{"name": p.name, "data": p} for p in self.net.get_parameters()], self.directory,
-                           self.prefix, self.rank, self.state(at), accuracy, self.meta, saved=saved)
-        self._share_with_rank0(best_path(self.directory, self.prefix, self.rank) if better else None)
-        if better:
-            _logger.info("best accuracy so far (%.4f at epoch %d): saved %s", accuracy, at.epoch,
-                         best_path(self.directory, self.prefix, self.rank))
-        return better
-
-    def save_tagged(self, tag: str, params: List[dict], at: Position) -> str:
-        """Write `params` as this rank's `{prefix}_rank{r}_{tag}.ckpt` (e.g. the EMA weights); return its path."""
-        path = tagged_path(self.directory, self.prefix, self.rank, tag)
-        save_as(params, path, self.state(at), self.meta)
-        self._share_with_rank0(path)
-        return path
-
-    def _model_digest(self) -> str:
-        """sha256 of the model's parameters as they are now (BatchNorm statistics included)."""
-        digest = hashlib.sha256()
-        for param in self.net.get_parameters():
-            digest.update(param.name.encode())
-            digest.update(param.asnumpy().tobytes())
-        return digest.hexdigest()
-
-    def _share_with_rank0(self, path: Optional[str]) -> None:
-        """Where this rank's just-written `path` is byte-identical to rank 0's file of the same kind and both
-        sit on one file system, keep one copy: this rank's name becomes a hard link to rank 0's file.
-
-        Data-parallel replicas hold the same weights and optimizer state, so N ranks would otherwise
-        write N equal files per save (the demo's 2 x 89 MB). Rank-local state (top-K residuals,
-        per-rank BatchNorm statistics) makes the bytes differ, and then every rank keeps its own file.
-        Collective: every rank calls it at the same point, `path` None where this rank wrote nothing.
-        """
-        digest = _read_sidecar(path)["sha256"] if path else ""
-        digests = self.collectives.gather([float(int(digest[:12], 16)) if digest else -1.0])[:, 0]  # 48 bits: exact
-        if self.rank == 0 or not digest or digests[self.rank] != digests[0]:
-            return
-        name = os.path.basename(path)
-        mine = f"{self.prefix}_rank{self.rank}"
-        first = os.path.join(os.path.dirname(path), f"{self.prefix}_rank0{name[len(mine):]}")
-        theirs = _read_sidecar(first)
-        if theirs is not None and theirs["sha256"] == digest:   # else rank 0 writes elsewhere (another host)
-            _link(first, path)   # where the file system has no hard links, the copy stays
-
-    def resume(self, path: str, drop_residuals: bool = False) -> CheckpointInfo:
-        """Restore every Parameter this Saver writes (model and training state) from checkpoint `path`
-        (`--resume PATH`, or the one `resume_point.agree` chose for `--resume auto`).
-
-        Gradient-compression residuals are rank-local: restored only when the file holds exactly this job's
-        (same world size, this rank's own file); otherwise they start from zero, as in a fresh run.
-
-        Args:
-            drop_residuals: the file is another rank's (rank 0's, for a rank that had none of its own).
-
-        Returns:
-            The checkpoint restored, with the position it recorded.
-        """
-        from msdist.engine import reducers
-        residual = reducers.RESIDUAL_PREFIX
-        loaded = load(path, _expected(self.params), optional_prefixes=(residual,))
-        mine = {p.name for p in self.params if p.name.startswith(residual)}
-        theirs = {n for n in loaded["params"] if n.startswith(residual)}
-        if mine != theirs and not drop_residuals:  # a rank resuming from rank 0's file has said so already
-            _logger.warning("%s holds %d gradient-compression residuals, this job %d (the world size changed): "
-                            "they start from zero", path, len(theirs), len(mine))
-        keep_residuals = mine == theirs and not drop_residuals
-        for param in self.params:  # `load` checked that names, shapes and dtypes are exactly these
-            if param.name.startswith(residual) and not keep_residuals:
-                param.set_data(_zeros_like(param))
-            else:
-                param.set_data(loaded["params"][param.name].data, param.sliced)  # as ms.load_param_into_net
-        state = loaded["state"]
-        if state.get("config_hash") not in (None, self.config_hash):
-            _logger.warning("resuming from %s, which was written with a different config (hash %s, now %s)",
-                            path, state["config_hash"], self.config_hash)
-        return CheckpointInfo(path, _position(state), str(state.get("config_hash", "")))

@@ -18,20 +18,11 @@ from typing import Any, Callable, List, Optional, Sequence
 import yaml
 
 from msdist.base import launch_env
+from msdist.base.args import ArgumentParser, boolean
 from msdist.base.errors import ConfigError, first_line
 from msdist.cluster import preemption, stall
 from msdist.cluster.runtime import CPU_ISA_CHOICES
 from msdist.engine import precision
-
-
-def boolean(text: str) -> bool:
-    """`true/false` (also yes/no, on/off, 1/0) from the command line or YAML."""
-    low = str(text).strip().lower()
-    if low in ("true", "1", "yes", "on"):
-        return True
-    if low in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(f"expected true or false, got {text!r}")
 
 
 def fusion_split(text: str) -> List[int]:
@@ -186,19 +177,12 @@ TRAIN_OPTIONS = [
     _opt("eval_batch_size", int, 0, "per-rank evaluation batch; 0 = the per-rank training batch", min=0, hashed=False),
 ]
 
+# Options read together as one (min, max) range: checked once both are resolved, before MindSpore loads.
+RANGES = (("crop_scale_min", "crop_scale_max"), ("crop_ratio_min", "crop_ratio_max"))
+
 EVAL_OPTIONS = TRAIN_OPTIONS + [
     _opt("ckpt", str, "", "checkpoint to evaluate", hashed=False),
 ]
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse that raises ConfigError (one line, no usage block) instead of printing and exiting.
-
-    Every msdist CLI uses it, so `cli.cli_main` reports all bad command lines the same way.
-    """
-
-    def error(self, message):
-        raise ConfigError(message)
 
 
 def _metavar(opt: Option) -> str:
@@ -332,7 +316,16 @@ def parse(argv: Optional[Sequence[str]] = None, options: Sequence[Option] = TRAI
         if value is not None:
             _validate(by_name[name], value, "--")
             values[name] = value
+    _check_ranges(values)
     return argparse.Namespace(config=cli.config, **values)
+
+
+def _check_ranges(values: dict) -> None:
+    """The cross-field rules: each of `RANGES` present in `values` has min <= max."""
+    for low_name, high_name in RANGES:
+        if low_name in values and high_name in values and values[low_name] > values[high_name]:
+            raise ConfigError(f"{low_name}={values[low_name]} exceeds {high_name}={values[high_name]}; "
+                              "pass a range with min <= max")
 
 
 def config_hash(cfg: argparse.Namespace, options: Sequence[Option] = TRAIN_OPTIONS) -> str:

@@ -1,34 +1,16 @@
-"""A trained model outside training: its metadata, the CLI options, and the network rebuilt from a checkpoint.
+"""A trained model outside training: the CLI options, and the network rebuilt from a checkpoint.
 
 `msdist.predict` and `msdist.export` need nothing but a checkpoint: training stores the model name,
 class count, input size, normalization, class names and padding convention inside it
-(`checkpoint.META_KEY`), so the Training tree and the training config are not needed.
+(`checkpoint_model.model_meta`), so the Training tree and the training config are not needed.
 """
 import os
-from typing import Dict, Sequence, Tuple
+from typing import Sequence, Tuple
 
+from msdist.base.args import ArgumentParser, boolean
 from msdist.cluster import runtime
 from msdist.data import pipeline
-from msdist.run import checkpoint
-from msdist.run.config import ArgumentParser, boolean
-
-def model_meta(model: str, num_classes: int, image_size: int, classes: Dict[str, int], convention: str) -> dict:
-    """What a checkpoint must carry to be used on its own: stored by training in every checkpoint.
-
-    Args:
-        convention: how the network pads (models.CONVENTIONS), so whatever rebuilds it builds the same one.
-    """
-    return {"model": model, "num_classes": num_classes, "image_size": image_size,
-            "classes": sorted(classes, key=classes.get), "mean": list(pipeline.MEAN), "std": list(pipeline.STD),
-            "convention": convention}
-
-
-def positive_int(text: str) -> int:
-    """argparse type: a whole number of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"{value} is below 1")
-    return value
+from msdist.run import checkpoint_model
 
 
 def cli_parser(prog: str, description: str) -> ArgumentParser:
@@ -49,10 +31,10 @@ def load_network(path: str) -> Tuple[object, dict]:
     """
     from msdist.engine import step
 
-    meta = checkpoint.read_meta(path)
+    meta = checkpoint_model.read_meta(path)
     net = step.build_network(meta["model"], int(meta["num_classes"]), False, False, 1,
-                             checkpoint.meta_convention(meta))
-    checkpoint.load_weights(path, net)
+                             checkpoint_model.meta_convention(meta))
+    checkpoint_model.load_weights(path, net)
     net.set_train(False)
     return net, meta
 

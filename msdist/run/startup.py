@@ -12,8 +12,9 @@
 Steps 1-4 are `start()`. Step 5 is separate because training must claim its output folder and start
 its heartbeat between them. train, eval and check run all five (so do benchmark workers that join a
 job). A process outside any job takes the same steps without a config: `start_standalone` (predict,
-export, in-process benchmarks: steps 4-5 for one process) and `prepare_tool` (`msdist.data check|bench`
-and pipeline benchmarks, which use MindSpore's dataset engine without a context: step 4 only).
+export, in-process benchmarks: steps 4-5 for one process); `msdist.data check|bench` and pipeline
+benchmarks, which use MindSpore's dataset engine without a context, take step 4 alone from
+`runtime.prepare_tool`, below run/ so that the data face imports nothing above data/.
 """
 import argparse
 import os
@@ -25,7 +26,7 @@ from msdist.base.errors import ConfigError, alike_on_every_rank
 from msdist.cluster import device, distributed, job, runtime
 from msdist.data import pipeline, plan
 from msdist.engine import precision
-from msdist.run import config
+from msdist.run import config, options
 
 Check = Callable[[argparse.Namespace, int], None]  # (config, world size) -> raises a UserError
 
@@ -52,7 +53,19 @@ def check_model(cfg, world_size: int) -> None:
 
 
 def check_batch_split(cfg, world_size: int) -> None:
-    plan.micro_batch_size(plan.per_rank_batch(cfg.batch_size, world_size), cfg.grad_accum_steps)
+    options.micro_batch(cfg, world_size)
+
+
+def check_frozen_backbone(cfg, world_size: int) -> None:
+    """sync_bn swaps in cross-rank BatchNorm on more than one rank, which has no frozen mode."""
+    if cfg.freeze_backbone and cfg.sync_bn and world_size > 1:
+        raise ConfigError("--freeze_backbone true and --sync_bn true: a frozen backbone has no batch statistics "
+                          "to synchronize; drop --sync_bn")
+
+
+def check_per_rank_batch(cfg, world_size: int) -> None:
+    """Evaluation's share of the global batch (its per-rank batch unless --eval_batch_size)."""
+    plan.per_rank_batch(cfg.batch_size, world_size)
 
 
 def check_data_dir(cfg, world_size: int) -> None:
@@ -89,10 +102,10 @@ def check_ckpt(cfg, world_size: int) -> None:
 
 
 # What the options alone decide, and what needs this host's files (a launcher on node 0 cannot see node 1's).
-OPTION_CHECKS: Tuple[Check, ...] = (check_model, check_batch_split)
+OPTION_CHECKS: Tuple[Check, ...] = (check_model, check_batch_split, check_frozen_backbone)
 PATH_CHECKS: Tuple[Check, ...] = (check_data_dir, check_output_dir, check_resume_path, check_pretrained_path)
 TRAIN_CHECKS: Tuple[Check, ...] = OPTION_CHECKS + PATH_CHECKS
-EVAL_CHECKS: Tuple[Check, ...] = (check_ckpt, check_model, check_data_dir, check_output_dir)
+EVAL_CHECKS: Tuple[Check, ...] = (check_ckpt, check_model, check_per_rank_batch, check_data_dir, check_output_dir)
 
 
 def run_checks(cfg, world_size: int, checks: Sequence[Check] = TRAIN_CHECKS) -> None:
@@ -114,7 +127,7 @@ def compile_cache_path(cfg, world_size: int, device_target: str) -> str:
     # max_steps does not shape the graph: a resume that trains further must find the cache warm.
     graph_options = [o for o in config.TRAIN_OPTIONS if o.name != "max_steps"]
     return runtime.compile_cache_dir(cfg.output_dir, config.config_hash(cfg, graph_options), world_size,
-                                     cfg.num_classes or len(pipeline.class_map(cfg.data_dir)), device_target,
+                                     options.num_classes(cfg, pipeline.class_map(cfg.data_dir)), device_target,
                                      precision.resolve_amp_level(cfg.amp_level, device_target))
 
 
@@ -161,11 +174,11 @@ def join(started: Started, log_dir: str, log_name: str = "rank") -> Tuple[distri
         log_dir: the rank's log goes to `{log_dir}/{log_name}_{rank}.log`; under mpirun on CPU the
             scheduler's log goes there too.
     """
-    from msdist.run import monitor
+    from msdist.run.logs import setup_logging
     cfg = started.cfg
     dist = distributed.init(started.launch, started.device.target, log_dir, cfg.deterministic)
     runtime.configure_mindspore(started.rt)
-    monitor.setup_logging(log_dir, dist.rank, console=dist.is_main, name=log_name)
+    setup_logging(log_dir, dist.rank, console=dist.is_main, name=log_name)
     return dist, distributed.Collectives(dist.world_size)
 
 
@@ -177,13 +190,3 @@ def start_standalone(device_target: str = "auto", verbose: bool = False, cpu_isa
     distributed.init(launch_env.detect_launch({}), device_target, log_dir="", deterministic=deterministic)
     runtime.configure_mindspore(rt)
     return rt
-
-
-def prepare_tool(local_world_size: int = 1) -> runtime.RuntimeInfo:
-    """Step 4 alone, for a tool that only reads images through MindSpore's dataset engine (`msdist.data
-    check|bench`, pipeline benchmarks): the environment its decoders and threads read when MindSpore loads.
-
-    Args:
-        local_world_size: the ranks this process stands in for, which share the host's cores.
-    """
-    return runtime.prepare(False, "auto", local_world_size)

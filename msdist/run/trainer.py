@@ -5,15 +5,16 @@ BatchNorm statistics one model (`--dist_bn`) and keep the best checkpoint, and r
 checkpoint holds besides the model is collected here from the components that declare it, each
 under its own prefix in its own module: the optimizer (`optim.state_parameters`), the reducer
 (`reducers.state_parameters`), the loss scaler and the EMA (`state_parameters()` of each). The
-Saver (`checkpoint.Saver`) writes them.
+Saver (`checkpoint_saver.Saver`) writes them.
 
 The loop's sections are small methods, one place each for what happens there: `_train_epoch` waits
-for each batch (the wait ends at `timer.data_ready()`), `_train_step` runs the compiled step,
+for each batch (the wait ends at `meter.data_ready()`), `_train_step` runs the compiled step,
 `_report` writes the step line and the heartbeat, `_end_epoch` saves (`_save`) and evaluates
-(`_evaluate`) when the schedule says so. Off schedule, the state is written as it is (`_write`, no
-`--dist_bn` unify, no EMA sync): every `--save_every_steps` steps by a background thread
-(`_save_by_steps`, run/background_save.py), and at the step the ranks agree on after a preemption signal
-(`_save_preempted`, cluster/preemption.py), after which the run ends for a requeue.
+(`_evaluate`) when the schedule says so, after making the ranks one model once for both (`_one_model`).
+Off schedule, the state is written as it is (`_write`, no `--dist_bn` unify, no EMA sync): every
+`--save_every_steps` steps by a background thread (`_save_by_steps`, run/background_save.py), and at the
+step the ranks agree on after a preemption signal (`_save_preempted`, cluster/preemption.py), after which
+the run ends for a requeue.
 """
 import logging
 import time
@@ -23,10 +24,14 @@ from typing import Optional
 from msdist.cluster import distributed, preemption
 from msdist.data import pipeline
 from msdist.engine import loss_scale, optim, reducers
-from msdist.run import checkpoint, config, evaluation, inference, monitor, resume_point
+from msdist.run import checkpoint, config, evaluation, resume_point
 from msdist.run.background_save import BackgroundSaver
 from msdist.run.build import Data, Model, checkpoint_place
+from msdist.run.checkpoint_model import model_meta
+from msdist.run.checkpoint_saver import Saver
+from msdist.run.meter import Meter
 from msdist.run.position import Position
+from msdist.run.watch import Watch
 
 _logger = logging.getLogger(__name__)
 
@@ -45,9 +50,9 @@ class Outcome:
     metrics: dict
     train_start: float            # time.perf_counter() when the first epoch began
     train_seconds: float
-    timer: monitor.StepTimer
+    meter: Meter                  # the run's clock: result.json's img/s and first step
     newest: Optional[checkpoint.CheckpointInfo]
-    ranks: dict                   # every rank's median step time and input-wait share (monitor.RankFigures)
+    ranks: dict                   # every rank's median step time and input-wait share (meter.RankFigures)
     preempted: bool = False       # stopped by --preempt_signal: saved at `position`, not evaluated
 
 
@@ -68,22 +73,21 @@ class Trainer:
         self.cfg, self.dist, self.collectives, self.data, self.model = cfg, dist, collectives, data, model
         self.steps_per_epoch = data.steps_per_epoch
         self.beat, self.launch_kind = beat, launch_kind
-        num_classes = cfg.num_classes or len(data.classes)
         directory, prefix = checkpoint_place(cfg)
-        self.saver = checkpoint.Saver(directory=directory, prefix=prefix, rank=dist.rank,
-                                      keep=cfg.keep_checkpoint_max, config_hash=config.config_hash(cfg),
-                                      net=model.net, train_state=state_parameters(model), collectives=collectives,
-                                      meta=inference.model_meta(cfg.model, num_classes, cfg.image_size, data.classes,
-                                                                model.convention))
+        self.saver = Saver(directory=directory, prefix=prefix, rank=dist.rank, keep=cfg.keep_checkpoint_max,
+                           config_hash=config.config_hash(cfg), net=model.net, train_state=state_parameters(model),
+                           collectives=collectives,
+                           meta=model_meta(cfg.model, data.num_classes, cfg.image_size, data.classes,
+                                           model.convention))
         self.background = BackgroundSaver(self.saver, collectives)   # --save_every_steps
-        self.watch: Optional[monitor.Watch] = None
+        self.watch: Optional[Watch] = None
         self.saved_at = 0
         self.listener = listener
         self.stop: Optional[preemption.Agreement] = None
         # What the stall watch scales a save's and an evaluation's allowance from.
         self._state_bytes = sum(p.nbytes for p in model.net.get_parameters()) + \
             sum(p.nbytes for p in state_parameters(model))
-        eval_batch = dist.world_size * (cfg.eval_batch_size or data.per_rank_batch)
+        eval_batch = dist.world_size * data.eval_batch
         self._eval_batches = -(-len(data.test) // eval_batch) * (2 if model.ema is not None else 1)
 
     def resume(self) -> Position:
@@ -108,11 +112,11 @@ class Trainer:
         cfg = self.cfg
         at = self.resume()
         distributed.check_replicas_identical(self.collectives, self.model.net, "at start")
-        self.watch = monitor.Watch.open(epochs=cfg.epochs, steps_per_epoch=self.steps_per_epoch,
-                                        global_batch=cfg.batch_size, log_every=cfg.log_every, max_steps=cfg.max_steps,
-                                        output_dir=cfg.output_dir, tensorboard=cfg.tensorboard,
-                                        is_main=self.dist.is_main, world_size=self.dist.world_size,
-                                        launch_kind=self.launch_kind, start_step=at.global_step, beat=self.beat)
+        self.watch = Watch.open(epochs=cfg.epochs, steps_per_epoch=self.steps_per_epoch,
+                                global_batch=cfg.batch_size, log_every=cfg.log_every, max_steps=cfg.max_steps,
+                                output_dir=cfg.output_dir, tensorboard=cfg.tensorboard,
+                                is_main=self.dist.is_main, world_size=self.dist.world_size,
+                                launch_kind=self.launch_kind, start_step=at.global_step)
         self.saved_at, metrics = at.global_step, None
         self.stop = preemption.Agreement(self.listener, self.collectives, at.global_step)
         train_start = time.perf_counter()
@@ -123,12 +127,12 @@ class Trainer:
         train_seconds = time.perf_counter() - train_start
         if self._preempted:
             return self._save_preempted(at, train_start, train_seconds)
-        if at.global_step != self.saved_at:
-            self._save(at)
-        self.background.wait()
         self.watch.close()
-        metrics = metrics or self._evaluate(at)  # None when stopped by max_steps or resumed from a finished run
-        return Outcome(at, metrics, train_start, train_seconds, self.watch.timer, self.saver.newest,
+        # Save the last step if unsaved; evaluate unless the last epoch did (not when stopped by max_steps, or
+        # resumed from a finished run).
+        final = self._save_and_evaluate(at, save=at.global_step != self.saved_at, evaluate=metrics is None)
+        self.background.wait()
+        return Outcome(at, metrics or final, train_start, train_seconds, self.watch.meter, self.saver.newest,
                        self.watch.ranks.summary())
 
     @property
@@ -138,13 +142,15 @@ class Trainer:
     def _save_preempted(self, at: Position, train_start: float, train_seconds: float) -> Outcome:
         """Every rank agreed to stop at `at`: save the training state as it is, unless the schedule just did."""
         if at.global_step != self.saved_at:
+            self.beat.enter("checkpoint save", nbytes=self._state_bytes)
+            loss_scale.check_finite(self.model.scaler)  # never write weights a fixed scale has made inf or NaN
             self._write(at)
         self.background.wait()
         self.watch.close()
         _logger.warning("preempted: the ranks agreed on global step %d; checkpoint complete %.1f s after the "
                         "signal; exiting with %d (requeue)", at.global_step,
                         time.monotonic() - self.stop.requested_at, preemption.REQUEUE_EXIT)
-        return Outcome(at, {}, train_start, train_seconds, self.watch.timer, self.saver.newest,
+        return Outcome(at, {}, train_start, train_seconds, self.watch.meter, self.saver.newest,
                        self.watch.ranks.summary(), preempted=True)
 
     def _reached(self, at: Position) -> bool:
@@ -158,19 +164,12 @@ class Trainer:
     def _train_epoch(self, at: Position) -> Position:
         """The optimizer steps of the epoch `at` is in (or begins), from where it stands; stop early at max_steps."""
         epoch, skip = at.next_epoch(self.steps_per_epoch), at.skip(self.steps_per_epoch)
-        cfg, data = self.cfg, self.data
         self.beat.enter("data wait")  # building the epoch's pipeline and its first batch
-        batches = pipeline.build_train_dataset(data.train, batch_size=data.per_rank_batch, image_size=cfg.image_size,
-                                               epoch=epoch, seed=cfg.seed, shuffle=cfg.shuffle, augment=cfg.augment,
-                                               padding=cfg.crop_padding, world_size=self.dist.world_size,
-                                               rank=self.dist.rank, global_batch=cfg.batch_size,
-                                               workers=data.workers, skip_steps=skip,
-                                               regularization=data.regularization)
-        self.watch.progress.start_epoch(at)
-        self.watch.timer.restart_clock()
+        batches = pipeline.build_train_dataset(self.data.train, self.data.train_input, epoch, skip_steps=skip)
+        self.watch.start_epoch(at)
         for images, labels in batches.create_tuple_iterator(num_epochs=1):
             self.beat.enter("train step")
-            data_s = self.watch.timer.data_ready()
+            data_s = self.watch.meter.data_ready()
             at = self._train_step(images, labels, at)
             self._report(at, data_s)
             self._save_by_steps(at)
@@ -193,7 +192,7 @@ class Trainer:
             loss_scale.check_finite(self.model.scaler)
             loss, step_s, data_s = watch.close_window(self.model.losses.read(), self.collectives)
         else:
-            step_s = watch.timer.step_done()
+            step_s = watch.meter.step_done()
         watch.record(watch.progress.step(at, loss, float(self.model.lrs[at.global_step - 1]), step_s, data_s))
         self.beat.step_done(at.epoch, at.step, at.global_step)
         self.beat.enter("data wait")
@@ -201,9 +200,9 @@ class Trainer:
     def _save_by_steps(self, at: Position) -> None:
         """Every --save_every_steps steps, off schedule: the loop waits for the in-memory copy only."""
         every = self.cfg.save_every_steps
-        if not every or at.global_step % every or \
-                at.epoch_complete(self.steps_per_epoch) and self._due(at, self.cfg.save_every_epochs):
-            return  # the epoch's own save follows at once
+        if not every or at.global_step % every or at.epoch_complete(self.steps_per_epoch) and (
+                self._due(at, self.cfg.save_every_epochs) or self._due(at, self.cfg.eval_every_epochs)):
+            return  # the schedule acts at this epoch's end at once (and its best file links its own save)
         self.beat.enter("checkpoint save", nbytes=self._state_bytes)
         loss_scale.check_finite(self.model.scaler)
         waited = self.background.save(at)
@@ -213,10 +212,9 @@ class Trainer:
     def _end_epoch(self, at: Position) -> Optional[dict]:
         """After an epoch's steps: save and evaluate when due; the epoch summary. The evaluation, or None."""
         complete = at.epoch_complete(self.steps_per_epoch)
-        if complete and self._due(at, self.cfg.save_every_epochs):
-            self._save(at)
         # The last epoch's evaluation is the final one, so its epoch summary can show it.
-        metrics = self._evaluate(at) if complete and self._due(at, self.cfg.eval_every_epochs) else None
+        metrics = self._save_and_evaluate(at, save=complete and self._due(at, self.cfg.save_every_epochs),
+                                          evaluate=complete and self._due(at, self.cfg.eval_every_epochs))
         loss = float(self.collectives.sum([self.watch.progress.epoch_loss()])[0]) / self.dist.world_size
         self.watch.record(self.watch.progress.end_epoch(loss, metrics))
         return metrics
@@ -229,11 +227,24 @@ class Trainer:
         if self.model.ema is not None:
             self.model.ema.synchronize(self.collectives)
 
+    def _save_and_evaluate(self, at: Position, *, save: bool, evaluate: bool) -> Optional[dict]:
+        """Save and/or evaluate the model at `at`, the ranks made one model once for both: the BatchNorm statistics
+        are gathered and the EMA synced once, and the best checkpoint can be the file just saved (`Saver.keep_best`
+        decides by position). The evaluation, or None."""
+        if save:
+            self.beat.enter("checkpoint save", nbytes=self._state_bytes)
+        elif evaluate:
+            self.beat.enter("evaluation", batches=self._eval_batches)
+        else:
+            return None
+        self.background.wait()  # at most one write in flight, and keep_best may link the newest checkpoint
+        self._one_model()  # its collectives count toward the phase entered above
+        if save:
+            self._save(at)
+        return self._evaluate(at) if evaluate else None
+
     def _save(self, at: Position) -> None:
-        """A save on schedule: the ranks become one model first (--dist_bn, the EMA), then the files."""
-        self.beat.enter("checkpoint save", nbytes=self._state_bytes)
-        self.background.wait()  # at most one write in flight
-        self._one_model()
+        """Write this position's checkpoints (the EMA's, then the resumable one); after `_one_model`."""
         if self.model.ema is not None:
             self.saver.save_tagged("ema", self.model.ema.as_model_checkpoint(), at)
         self._write(at)
@@ -241,8 +252,6 @@ class Trainer:
     def _write(self, at: Position) -> None:
         """Write the resumable state as it is. Off schedule (a preemption) nothing else happens: making the ranks
         one model there would change the training state, and the resumed run would differ from an uninterrupted one."""
-        self.beat.enter("checkpoint save", nbytes=self._state_bytes)
-        loss_scale.check_finite(self.model.scaler)  # never write weights a fixed scale has made inf or NaN
         self.background.wait()  # at most one write in flight; the next prune counts its file
         began = time.perf_counter()
         self.saver.save(at)
@@ -250,10 +259,8 @@ class Trainer:
         self.saved_at = at.global_step
 
     def _evaluate(self, at: Position) -> dict:
-        """Evaluate the model (and its EMA) on the whole Test split; keep the best checkpoint."""
+        """Evaluate the model (and its EMA) on the whole Test split; keep the best checkpoint. After `_one_model`."""
         self.beat.enter("evaluation", batches=self._eval_batches)
-        self.background.wait()  # keep_best may link the newest checkpoint
-        self._one_model()
         metrics = self._evaluate_net()
         self.saver.keep_best(at, metrics["accuracy"])
         if self.model.ema is not None:
@@ -263,8 +270,8 @@ class Trainer:
         return metrics
 
     def _evaluate_net(self) -> dict:
-        cfg, data = self.cfg, self.data
-        return evaluation.evaluate_split(self.model.net, data.test,
-                                         batch_size=cfg.eval_batch_size or data.per_rank_batch,
-                                         image_size=cfg.image_size, dist=self.dist, workers=data.workers,
-                                         collectives=self.collectives, num_classes=cfg.num_classes or len(data.classes))
+        data = self.data
+        return evaluation.evaluate_split(self.model.net, data.test, batch_size=data.eval_batch,
+                                         image_size=data.train_input.image_size, dist=self.dist,
+                                         workers=data.train_input.workers, collectives=self.collectives,
+                                         num_classes=data.num_classes)

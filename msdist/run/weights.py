@@ -37,7 +37,7 @@ import numpy as np
 
 from models import DEFAULT_CONVENTION, TORCH_CONVENTION
 from msdist.base.errors import CheckpointError, ConfigError, first_line
-from msdist.run import checkpoint
+from msdist.run import checkpoint, checkpoint_model
 
 _logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def _read_mindspore(path: str) -> Tuple[Dict[str, np.ndarray], str]:
     raw = checkpoint.read_tensors(path)
     meta = json.loads(raw[checkpoint.META_KEY]) if isinstance(raw.get(checkpoint.META_KEY), str) else {}
     tensors = {name: value.asnumpy() for name, value in raw.items() if hasattr(value, "asnumpy")}
-    return tensors, checkpoint.meta_convention(meta)
+    return tensors, checkpoint_model.meta_convention(meta)
 
 
 def read(path: str) -> Source:
@@ -271,8 +271,8 @@ def freeze_backbone(net) -> int:
     Returns:
         The number of parameters frozen.
 
-    Raises:
-        ConfigError: the backbone uses cross-rank BatchNorm (sync_bn), which has no frozen mode.
+    A cross-rank BatchNorm (sync_bn) has no frozen mode: `startup.check_frozen_backbone` refuses the two
+    together before MindSpore loads.
     """
     from mindspore import nn
 
@@ -282,9 +282,6 @@ def freeze_backbone(net) -> int:
             continue
         if isinstance(cell, nn.BatchNorm2d):
             cell.use_batch_statistics = False  # normalize with (and never update) the pretrained statistics
-        elif type(cell).__name__ == "SyncBatchNorm2d":
-            raise ConfigError("--freeze_backbone true and --sync_bn true: a frozen backbone has no batch statistics "
-                              "to synchronize; drop --sync_bn")
     for param in net.get_parameters():
         if not param.name.startswith(HEAD_PREFIX):
             param.requires_grad = False

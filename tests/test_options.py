@@ -1,0 +1,74 @@
+"""run/options.py: the options resolved once into what data/ and engine/ take."""
+import numpy as np
+import pytest
+
+from msdist.base.errors import ConfigError, DataError
+from msdist.data import pipeline
+from msdist.data.augment import Regularization
+from msdist.engine import optim
+from msdist.run import config, options
+
+
+def test_every_derived_value_falls_back_only_when_its_option_is_zero():
+    classes = {"apple": 0, "lemon": 1, "mango": 2}
+    derived, given = config.parse([]), config.parse(["--num_classes", "7", "--num_workers", "3",
+                                                     "--eval_batch_size", "5"])
+
+    class Runtime:
+        threads_per_rank = 2
+    assert (options.num_classes(derived, classes), options.workers(derived, Runtime), options.eval_batch(derived, 8)) \
+        == (3, 2, 8)
+    assert (options.num_classes(given, classes), options.workers(given, Runtime), options.eval_batch(given, 8)) \
+        == (7, 3, 5)
+
+
+def test_train_input_is_this_rank_s_share_with_the_options_it_names():
+    cfg = config.parse(["--batch_size", "16", "--image_size", "40", "--seed", "9", "--shuffle", "false",
+                        "--crop_padding", "2", "--train_crop", "random_resized", "--crop_scale_min", "0.3",
+                        "--mixup", "0.2", "--label_smoothing", "0.1"])
+    spec = options.train_input(cfg, world_size=2, rank=1, workers_per_rank=3, classes=4)
+    assert spec == pipeline.TrainInput(image_size=40, global_batch=16, seed=9, shuffle=False, augment=True, padding=2,
+                                       workers=3, world_size=2, rank=1, regularization=Regularization(
+                                           "random_resized", (0.3, 1.0), (0.75, 4 / 3), 0.0, 0.2, 0.0, 0.1, 4))
+    assert spec.batch_size == 8
+    with pytest.raises(DataError, match="must divide evenly over 3 ranks"):
+        options.train_input(cfg, world_size=3, rank=0, workers_per_rank=1, classes=4).batch_size
+
+
+def test_learning_rates_scale_by_the_world_size_only_with_scale_lr():
+    plain, scaled = config.parse(["--lr", "0.1", "--epochs", "2"]), config.parse(["--lr", "0.1", "--epochs", "2",
+                                                                                  "--scale_lr", "true"])
+    np.testing.assert_array_equal(options.learning_rates(plain, 4, 3), optim.lr_schedule("constant", 0.1, 2, 3))
+    np.testing.assert_array_equal(options.learning_rates(scaled, 4, 3), optim.lr_schedule("constant", 0.4, 2, 3))
+
+
+def test_micro_batch_splits_the_rank_s_share_or_refuses_before_mindspore_loads():
+    assert options.micro_batch(config.parse(["--batch_size", "16", "--grad_accum_steps", "4"]), 2) == 2
+    with pytest.raises(ConfigError, match="grad_accum_steps 3"):
+        options.micro_batch(config.parse(["--batch_size", "16", "--grad_accum_steps", "3"]), 2)
+
+
+def test_step_plan_resolves_precision_for_the_device_and_names_the_step_s_options():
+    cpu = options.step_plan(config.parse(["--batch_size", "16", "--grad_accum_steps", "2"]), "CPU", 2)
+    assert (cpu.amp_level, cpu.loss_scale.dynamic, cpu.fusion, cpu.accum_steps, cpu.micro_batch) == ("O0", False, (),
+                                                                                                       2, 4)
+    assert cpu.describe_precision() == "amp O0 | loss scale fixed 1"
+    gpu = options.step_plan(config.parse(["--grad_compression", "fp16", "--allreduce_fusion", "85,160"]), "GPU", 1)
+    assert (gpu.amp_level, gpu.loss_scale.dynamic, gpu.grad_compression, gpu.fusion) == ("O2", True, "fp16",
+                                                                                         (85, 160))
+
+
+def test_eval_refuses_a_global_batch_the_ranks_cannot_share_before_mindspore_loads():
+    from msdist.run import startup
+    assert startup.check_per_rank_batch in startup.EVAL_CHECKS
+    with pytest.raises(DataError, match="must divide evenly over 3 ranks"):
+        startup.check_per_rank_batch(config.parse(["--batch_size", "16"]), 3)
+
+
+def test_a_frozen_backbone_with_cross_rank_batchnorm_is_refused_by_every_launcher_s_pre_check():
+    from msdist import launch
+    from msdist.run import startup
+    frozen_sync = ["--freeze_backbone", "true", "--sync_bn", "true"]
+    with pytest.raises(ConfigError, match="--freeze_backbone true and --sync_bn true"):
+        launch.parse_args(["-n", "2"] + frozen_sync)
+    startup.check_frozen_backbone(config.parse(frozen_sync), 1)   # one rank: sync_bn keeps plain BatchNorm
