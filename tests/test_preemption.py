@@ -176,3 +176,13 @@ def test_msrun_under_the_relay_saves_at_one_agreed_step(tmp_path):
     assert seconds <= BOUND_S
     _assert_saved_at(job, step)
     assert job.leftovers(settle_s=15) == []
+
+
+def test_the_relay_passes_its_commands_status_through_and_refuses_bad_input_in_one_line():
+    def relay(*args):
+        return subprocess.run([sys.executable, "-m", "msdist.cluster.relay", *args], capture_output=True, text=True,
+                              env=dict(os.environ, PYTHONPATH=REPO), timeout=60)
+    assert relay("--", "sh", "-c", "exit 3").returncode == 3   # no signal: the command's own status
+    for args, why in ((["--preempt_signal", "USR1", "--", "true"], "stack-dump"), ([], "needs a command")):
+        refused = relay(*args)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and why in refused.stderr

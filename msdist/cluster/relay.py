@@ -21,9 +21,10 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from msdist.cluster import preemption
+from msdist.base.args import ArgumentParser
 from msdist.base.cli import cli_main
 from msdist.base.errors import ConfigError
+from msdist.cluster import preemption
 
 _POLL_S = 0.2
 _CHILD_GRACE_S = 5.0     # after the ranks left: time for COMMAND (mpirun, msrun) to end by itself
@@ -109,7 +110,7 @@ class _Relay:
 
 
 def _parse(argv: Optional[List[str]]):
-    parser = argparse.ArgumentParser(prog="msdist.cluster.relay", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="msdist.cluster.relay", description=__doc__.splitlines()[0])
     parser.add_argument("--preempt_signal", default="SIGTERM", help="the signal the ranks save on [SIGTERM]")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ... (sshd, msrun)")
     ns = parser.parse_args(argv)
