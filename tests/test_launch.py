@@ -153,9 +153,9 @@ def background_jobs(tmp_path_factory):
     jobs = {
         # Uninterrupted reference for the exact-resume check.
         "reference": Job(tmp, "reference", ["-n", "2"], EXACT_ARGS),
-        # Rank 1 raises when it saves its first checkpoint, on every attempt: one restart, then FAILED.
+        # Rank 1 raises whenever it saves a checkpoint, on every attempt: one restart, then FAILED.
         "always_fails": Job(tmp, "always_fails", ["-n", "2", "--max_restarts", "1"], SHORT_ARGS,
-                            before_start=_block_first_checkpoint_of_rank_1),
+                            before_start=_block_checkpoints_of_rank_1),
     }
     # Two "nodes" on this machine: two launchers, one rank each, one job of world size 2.
     node_args = ["-n", "1", "--nnodes", "2", "--master_port", str(port)]
@@ -169,10 +169,12 @@ def background_jobs(tmp_path_factory):
             job.proc.wait()
 
 
-def _block_first_checkpoint_of_rank_1(output_dir):
-    """A directory where rank 1 writes its first checkpoint (epoch 1, step 12) before renaming it: that
-    save raises IsADirectoryError in rank 1 only, on every attempt. (Hidden, so it is no other run's.)"""
-    os.makedirs(os.path.join(output_dir, "ckpt", f".{checkpoint.file_name('resnet_tiny', 1, 1, 12)}.tmp.ckpt"))
+def _block_checkpoints_of_rank_1(output_dir):
+    """Directories where rank 1 writes its checkpoints (epochs 1 and 2) before renaming them: each save raises
+    IsADirectoryError in rank 1 only. The first attempt fails at epoch 1; the restart resumes from rank 0's
+    epoch-1 checkpoint (rank 1 has none of its own) and fails at epoch 2. (Hidden, so they are no other run's.)"""
+    for epoch in (1, 2):
+        os.makedirs(os.path.join(output_dir, "ckpt", f".{checkpoint.file_name('resnet_tiny', 1, epoch, 12)}.tmp.ckpt"))
 
 
 # ---------------------------------------------------------------- fast checks, no MindSpore
@@ -417,8 +419,9 @@ def test_exception_reported_once_and_restart_budget_exhausted(background_jobs):
     assert job.wait() == 1
     err = job.stderr()
     assert err.count("restart 1 of 1") == 1
-    assert len(re.findall(r"rank 1 failed: exit code 1; last reported epoch 1 step \d+ \(global step \d+\) in "
-                          r"[a-z -]+; stopped", err)) == 2, err
+    for epoch in (1, 2):   # the restart continued from rank 0's epoch-1 checkpoint
+        assert len(re.findall(rf"rank 1 failed: exit code 1; last reported epoch {epoch} step \d+ \(global step \d+\) "
+                              r"in [a-z -]+; stopped", err)) == 1, err
     # The traceback tail is printed once per failure, in the summary, and only this attempt's.
     assert err.count("rank 1 | IsADirectoryError: For 'save_checkpoint'") == 2
     assert "FAILED after 1 restart(s): rank 1 failed: exit code 1" in err.splitlines()[-1]
