@@ -13,6 +13,8 @@ setup(
     version=_version,
     description="MindSpore graph-mode data-parallel training for image classification",
     packages=find_packages(include=["msdist", "msdist.*", "models", "models.*"]),
+    # --classes imagenet: the 1000 ImageNet-1k class names, read without torch
+    package_data={"msdist.run": ["imagenet_classes.txt"]},
     python_requires=">=3.9",
     # mindspore is not pinned: its wheels are device-specific (CPU / GPU / Ascend builds).
     # safetensors: --pretrained reads timm's and torchvision's .safetensors files (NumPy, no torch).

@@ -38,7 +38,6 @@ def single_card_states(data_dir: str, model: str, image_size: int, batch_size: i
 def _train(kind, data_dir, model, image_size, batch_size, at_steps, lr, seed, momentum, weight_decay, loss_scale,
            crop_padding):
     import mindspore as ms
-    from mindspore import nn
 
     from msdist.engine import optim, precision, step
     from msdist.data import pipeline, plan
@@ -56,8 +55,7 @@ def _train(kind, data_dir, model, image_size, batch_size, at_steps, lr, seed, mo
     lrs = optim.lr_schedule("constant", lr, at_steps[-1] // steps_per_epoch + 1, steps_per_epoch)
     optimizer = optim.create_optimizer(net.trainable_params(), lrs, momentum, weight_decay)
     scaler = LossScaler(precision.LossScalePlan(dynamic=False, initial=loss_scale), world_size=1)
-    step_cell = step.TrainStep(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer,
-                                 scaler)
+    step_cell = step.TrainStep(net, step.create_loss(soft_labels=False), optimizer, scaler)
     step_cell.set_train(True)
     states, done, epoch = [], 0, 0
     while done < at_steps[-1]:

@@ -1,7 +1,8 @@
 """`python -m msdist.export --ckpt PATH --format MINDIR --output F`: a trained model for inference.
 
 MINDIR runs with `mindspore.load(F)` + `nn.GraphCell` (or MindSpore Lite) and gives the checkpoint's
-logits; the network, input size and class count come from the checkpoint's own metadata. ONNX is
+logits; the network, input size and class names come from the checkpoint's own metadata (`--image_size`
+and `--classes` supply them for a checkpoint that records none, or replace them). ONNX is
 written too (MindSpore 2.10 exports it on CPU). The input is float32 NCHW of the training
 image_size, normalized as in evaluation (mean/std in the checkpoint's metadata); the output is
 the logits, one row per image.
@@ -59,7 +60,7 @@ def export(net, meta: dict, path: str, file_format: str, batch_size: int = 1) ->
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse(argv)
     startup.start_standalone(args.device_target, args.verbose, args.cpu_isa)
-    net, meta = inference.load_network(args.ckpt)
+    net, meta = inference.load_network(args.ckpt, args.image_size, args.classes)
     path = export(net, meta, output_path(args.output, args.format), args.format, args.batch_size)
     print(f"wrote {path} ({args.format}, {meta['model']}, input {args.batch_size}x3x{meta['image_size']}x"
           f"{meta['image_size']}, {meta['num_classes']} classes)")

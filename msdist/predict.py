@@ -1,7 +1,8 @@
 """`python -m msdist.predict --ckpt PATH IMAGE_OR_DIR [...]`: top-k classes and probabilities per image.
 
 Everything the model needs (architecture, class count, input size, normalization, class names) comes
-from the checkpoint's own metadata, so neither the Training tree nor a config is needed. A directory
+from the checkpoint's own metadata, so neither the Training tree nor a config is needed (`--image_size`
+and `--classes` supply them for a checkpoint that records none, or replace them). A directory
 stands for every image under it. A file that cannot be read or decoded is reported on its own line
 (and in `--json` as {"path", "error"}); the other images still get their predictions, and the exit
 status is then 1 (0 when every image was predicted, 2 for a bad command line or checkpoint).
@@ -87,7 +88,7 @@ def _print_text(records: list) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse(argv)
     startup.start_standalone(args.device_target, args.verbose, args.cpu_isa)
-    net, meta = inference.load_network(args.ckpt)
+    net, meta = inference.load_network(args.ckpt, args.image_size, args.classes)
     paths = inference.expand_paths(args.paths)
     if not paths:
         raise ConfigError(f"no images found in {', '.join(args.paths)}")

@@ -111,3 +111,18 @@ def pad_crop_flip(image: np.ndarray, params: np.ndarray, padding: int) -> np.nda
     if padding:
         image = np.pad(image, ((padding, padding), (padding, padding), (0, 0)))[dy:dy + h, dx:dx + w]
     return np.ascontiguousarray(image[:, ::-1] if flip else image)
+
+
+@pytest.fixture(scope="session")
+def torchvision():
+    """(torch, torchvision): the references the weights tests compare msdist with; they skip without them."""
+    torch = pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[reference]'")
+    # torchvision's PyPI wheel links libtorch_cuda; next to the CPU torch, registering the fake kernels of its C
+    # ops (nms, ...) fails at import. Its models never call those ops, so the registration is skipped meanwhile.
+    register_fake = torch.library.register_fake
+    torch.library.register_fake = lambda *args, **kwargs: (lambda fn: fn)
+    try:
+        tv = pytest.importorskip("torchvision", reason="torchvision is not installed: pip install -e '.[reference]'")
+    finally:
+        torch.library.register_fake = register_fake
+    return torch, tv

@@ -261,20 +261,6 @@ def test_torch_padding_flows_through_training_resume_and_eval(data_dir, tmp_path
 
 # ---------------------------------------------------------------- torchvision's own models as the reference
 
-@pytest.fixture(scope="module")
-def torchvision():
-    torch = pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[reference]'")
-    # torchvision's PyPI wheel links libtorch_cuda; next to the CPU torch, registering the fake kernels of its C
-    # ops (nms, ...) fails at import. Its models never call those ops, so the registration is skipped meanwhile.
-    register_fake = torch.library.register_fake
-    torch.library.register_fake = lambda *args, **kwargs: (lambda fn: fn)
-    try:
-        tv = pytest.importorskip("torchvision", reason="torchvision is not installed: pip install -e '.[reference]'")
-    finally:
-        torch.library.register_fake = register_fake
-    return torch, tv
-
-
 def _torch_model(torch, tv, name: str):
     """torchvision's own model with random weights and BatchNorm statistics unlike a fresh model's, in eval mode."""
     torch.manual_seed(0)
@@ -312,8 +298,6 @@ def reference(request, torchvision, tmp_path_factory, data_dir):
     msdist's side runs through its CLIs (their start-up picks the oneDNN kernels msdist uses; this test
     process may have started MindSpore with others)."""
     from safetensors.torch import save_file
-    from msdist.data import pipeline
-    from msdist.run import inference
     torch, tv = torchvision
     name, folder = request.param, tmp_path_factory.mktemp(request.param)
     model = _torch_model(torch, tv, name)
@@ -321,14 +305,22 @@ def reference(request, torchvision, tmp_path_factory, data_dir):
     save_file(state, str(folder / f"{name}.safetensors"))
     torch.save(state, str(folder / f"{name}.pth"))
     ckpt = _msdist_checkpoint(str(folder / f"{name}.safetensors"), name, str(folder / f"{name}.ckpt"), "torch")
+    files, images, expected = torch_logits_on_test_images(torch, model, data_dir, per_class=4)
+    return {"name": name, "folder": folder, "ckpt": ckpt, "files": files, "images": images, "expected": expected}
+
+
+def torch_logits_on_test_images(torch, model, data_dir: str, per_class: int) -> tuple:
+    """(files, images, logits): the first `per_class` Test images of each class, prepared as evaluation prepares
+    them at IMAGE_SIZE, and `model`'s logits on them."""
+    from msdist.data import pipeline
+    from msdist.run import inference
     test_dir = os.path.join(data_dir, "Test")
     files = [os.path.join(test_dir, c, f) for c in sorted(os.listdir(test_dir))
-             for f in sorted(os.listdir(os.path.join(test_dir, c)))[:4]]
+             for f in sorted(os.listdir(os.path.join(test_dir, c)))[:per_class]]
     as_evaluated = {"image_size": IMAGE_SIZE, "mean": list(pipeline.MEAN), "std": list(pipeline.STD)}
     images = np.stack([inference.preprocess(f, as_evaluated) for f in files])
     with torch.no_grad():
-        expected = model(torch.from_numpy(images)).numpy()
-    return {"name": name, "folder": folder, "ckpt": ckpt, "files": files, "images": images, "expected": expected}
+        return files, images, model(torch.from_numpy(images)).numpy()
 
 
 def _relative_gap(got: np.ndarray, expected: np.ndarray) -> float:
@@ -356,16 +348,21 @@ def test_torchvision_and_timm_names_map_onto_msdist_resnets(torchvision):
         assert theirs == {p.name: tuple(p.shape) for p in create_model(name, 1000).get_parameters()}, name
 
 
-def test_predict_gives_torchs_predictions(reference):
+def assert_predicts_torchs_top5(ckpt: str, files: list, expected: np.ndarray, class_names: list) -> None:
+    """`python -m msdist.predict --json` of `ckpt` names torch's top-5 classes with torch's softmax probabilities."""
     from msdist import predict
-    proc = run_msdist("predict", ["--ckpt", reference["ckpt"], "--json", "--topk", "5", *reference["files"]])
+    proc = run_msdist("predict", ["--ckpt", ckpt, "--json", "--topk", "5", *files])
     records = json.loads(proc.stdout)["predictions"]
-    assert len(records) == len(reference["files"])
-    for record, logits in zip(records, reference["expected"]):
+    assert len(records) == len(files)
+    for record, logits in zip(records, expected):
         probs = predict.softmax(logits[None])[0]
         top = np.argsort(-probs, kind="stable")[:5]
-        assert [p["class"] for p in record["predictions"]] == [CLASSES[i] for i in top]
+        assert [p["class"] for p in record["predictions"]] == [class_names[i] for i in top]
         np.testing.assert_allclose([p["probability"] for p in record["predictions"]], probs[top], atol=1e-5)
+
+
+def test_predict_gives_torchs_predictions(reference):
+    assert_predicts_torchs_top5(reference["ckpt"], reference["files"], reference["expected"], CLASSES)
 
 
 def test_onnx_export_gives_torchs_logits(reference, tmp_path):

@@ -5,6 +5,7 @@ from mindspore.common import dtype as mstype
 
 from models import DEFAULT_CONVENTION
 from msdist.base.errors import ConfigError
+from msdist.engine.loss import SparseCrossEntropy
 
 
 class ScaledUpdate(nn.Cell):
@@ -163,8 +164,13 @@ class TrainStep(nn.Cell):
 
 
 def create_loss(soft_labels: bool):
-    """Training cross-entropy: on class indices, or on float class distributions (mixup, cutmix, smoothing)."""
-    return nn.SoftmaxCrossEntropyWithLogits(sparse=not soft_labels, reduction="mean")
+    """Training cross-entropy: on class indices, or on float class distributions (mixup, cutmix, smoothing).
+
+    Both are finite for any finite logits (engine/loss.py says why the class-index one is msdist's own).
+    """
+    if soft_labels:
+        return nn.SoftmaxCrossEntropyWithLogits(sparse=False, reduction="mean")
+    return SparseCrossEntropy()
 
 
 def label_placeholder(batch: int, num_classes: int, soft_labels: bool):

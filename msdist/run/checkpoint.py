@@ -112,6 +112,12 @@ def save(params: List[dict], directory: str, prefix: str, rank: int, state: Dict
     return CheckpointInfo(path, position_of(state), state["config_hash"])
 
 
+def save_weights(params: List[dict], path: str, meta: Dict) -> None:
+    """Write a model's weights alone (no training state: `--pretrained` starts from it, `--resume` refuses it),
+    with its metadata, atomically and with the sha256 sidecar like every checkpoint."""
+    _write_pair(params, path, {META_KEY: json.dumps(meta)}, {"meta": meta})
+
+
 def tagged_path(directory: str, prefix: str, rank: int, tag: str) -> str:
     """`{prefix}_rank{r}_{tag}.ckpt` (best, ema): outside `prune`'s `{prefix}_rank{r}-*` pattern, so never pruned."""
     return os.path.join(directory, f"{prefix}_rank{rank}_{tag}.ckpt")
@@ -135,7 +141,7 @@ def save_as(params: List[dict], path: str, state: Dict, meta: Optional[Dict] = N
 def read_best(directory: str, prefix: str, rank: int) -> Optional[dict]:
     """The sidecar of this rank's best checkpoint (epoch, accuracy, ...) when it exists and verifies."""
     path = best_path(directory, prefix, rank)
-    meta = read_sidecar(path)
+    meta = _read_training_sidecar(path)
     if meta is None or "accuracy" not in meta or verify(path) is not None:
         return None
     return meta
@@ -185,20 +191,27 @@ def link(source: str, path: str, **extra) -> bool:
 
 
 def read_sidecar(path: str) -> Optional[dict]:
-    """The sidecar of checkpoint `path` (sha256, state, meta, ...), None when missing or incomplete."""
+    """The sidecar of checkpoint `path` (sha256, and state, meta, ...), None when missing or incomplete; a
+    weights-only file's (`save_weights`) has no training state."""
     try:
         with open(f"{path}.json", encoding="utf-8") as f:
             data = json.load(f)
-        return data if all(k in data for k in ("sha256",) + STATE_KEYS) else None
+        return data if "sha256" in data else None
     except (OSError, ValueError):
         return None
+
+
+def _read_training_sidecar(path: str) -> Optional[dict]:
+    """The sidecar of a training checkpoint: the sha256 and the training state."""
+    data = read_sidecar(path)
+    return data if data is not None and all(k in data for k in STATE_KEYS) else None
 
 
 def list_checkpoints(directory: str, prefix: str, rank: int) -> List[CheckpointInfo]:
     """This rank's checkpoints that have a sidecar, newest (highest global step) first. Not verified."""
     found = []
     for path in glob.glob(os.path.join(glob.escape(directory), f"{glob.escape(prefix)}_rank{rank}-*.ckpt")):
-        meta = read_sidecar(path)
+        meta = _read_training_sidecar(path)
         if meta is None:
             _logger.warning("checkpoint %s has no valid sidecar %s.json (interrupted save?); ignoring it", path, path)
             continue
@@ -248,7 +261,7 @@ def prune(directory: str, prefix: str, rank: int, keep: int) -> None:
                 pass
 
 
-def load(path: str, expected: Dict[str, tuple], optional_prefixes: tuple = ()) -> Dict:
+def load(path: str, expected: Dict[str, tuple], optional_prefixes: tuple = (), resume: bool = False) -> Dict:
     """Read a checkpoint after checking its integrity and that it fits the model.
 
     Args:
@@ -257,16 +270,21 @@ def load(path: str, expected: Dict[str, tuple], optional_prefixes: tuple = ()) -
         optional_prefixes: names starting with these may be missing from the file, and extra ones are dropped
             instead of reported as unexpected (evaluation ignores the optimizer state a training checkpoint
             carries; a job of another world size has other gradient-compression residuals).
+        resume: `--resume` reads it: a file of weights alone (converted, `save_weights`) is refused.
 
     Returns:
         {'params': {name: Parameter}, 'state': {epoch, step, global_step, config_hash} (may be empty),
          'meta': the model metadata (may be empty)}
 
     Raises:
-        CheckpointError: wrong format, too large, corrupt, or names/shapes/dtypes that do not match.
+        CheckpointError: wrong format, too large, corrupt, names/shapes/dtypes that do not match, or weights
+            alone to resume from.
     """
     raw = read_tensors(path)
     state = {k: _scalar(raw.pop(_STATE_PREFIX + k)) for k in STATE_KEYS if _STATE_PREFIX + k in raw}
+    if resume and not state:
+        raise CheckpointError(f"--resume {path}: it holds a model's weights alone (no optimizer state, no position to "
+                              f"resume from); start training from them with --pretrained {path}")
     meta = json.loads(raw.pop(META_KEY, "{}"))
     for name in [n for n in raw if n not in expected and n.startswith(optional_prefixes)]:
         del raw[name]

@@ -117,7 +117,8 @@ class Saver:
         """
         from msdist.engine import reducers
         residual = reducers.RESIDUAL_PREFIX
-        loaded = checkpoint.load(path, checkpoint.shapes_of(self.params), optional_prefixes=(residual,))
+        loaded = checkpoint.load(path, checkpoint.shapes_of(self.params), optional_prefixes=(residual,),
+                                  resume=True)
         mine = {p.name for p in self.params if p.name.startswith(residual)}
         theirs = {n for n in loaded["params"] if n.startswith(residual)}
         if mine != theirs and not drop_residuals:  # a rank resuming from rank 0's file has said so already

@@ -3,7 +3,8 @@
 Accepted files, all of one ResNet architecture (docs/model_use.md has the tables):
     .ckpt          msdist's own checkpoints (also `python -m msdist.pretrained convert` output), and MindSpore
                    ResNet checkpoints of the model zoo (mindspore-ai/models `official/cv/ResNet`) and MindCV
-    .safetensors   timm's and torchvision's ResNet-18/34/50/101 (read with the safetensors package, NumPy only)
+    .safetensors   timm's and torchvision's ResNet-18/34/50/101 (read with the safetensors package, NumPy only;
+                   bfloat16 tensors widen to float32 exactly)
     .pth, .pt      torchvision state_dict files (read with torch when it is installed; weights only, no code)
 Their parameter names are mapped to msdist's:
 
@@ -30,14 +31,14 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from models import DEFAULT_CONVENTION, TORCH_CONVENTION
+from models import TORCH_CONVENTION
 from msdist.base.errors import CheckpointError, ConfigError, first_line
-from msdist.run import checkpoint, checkpoint_model
+from msdist.run import checkpoint, checkpoint_model, inference
 
 _logger = logging.getLogger(__name__)
 
@@ -46,6 +47,11 @@ TORCH_SUFFIXES = (".pth", ".pt")
 _SUFFIXES = (".ckpt", ".safetensors") + TORCH_SUFFIXES
 _COUNTER = "num_batches_tracked"  # torch BatchNorm's step counter: no MindSpore counterpart, never needed
 _BN_LEAVES = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_variance"}
+# safetensors dtype codes NumPy holds as they are; BF16 (no NumPy type) is widened in `_safetensors_array`.
+_SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+                       "U8": "u1", "BOOL": "?"}
+# The input size torchvision's and timm's ImageNet ResNets are evaluated at: a converted file's when not told.
+IMAGENET_IMAGE_SIZE = 224
 # Architectures by (blocks per stage, bottleneck blocks), to name what a file holds.
 _ARCHITECTURES = {((2, 2, 2, 2), False): "resnet18", ((3, 4, 6, 3), False): "resnet34",
                   ((3, 4, 6, 3), True): "resnet50", ((3, 4, 23, 3), True): "resnet101",
@@ -83,6 +89,7 @@ class Source:
         names: {msdist name: the file's own name}, for messages.
         counters: the file's `num_batches_tracked` entries (skipped).
         convention: the padding convention the weights were trained with (models.CONVENTIONS).
+        meta: the file's own msdist metadata (checkpoint_model.model_meta), {} where it has none.
     """
     path: str
     kind: str
@@ -90,6 +97,7 @@ class Source:
     names: Dict[str, str]
     counters: Tuple[str, ...]
     convention: str
+    meta: Dict = field(default_factory=dict)
 
     @property
     def architecture(self) -> Optional[str]:
@@ -109,13 +117,28 @@ class Source:
 
 
 def _read_safetensors(path: str) -> Dict[str, np.ndarray]:
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
+    from safetensors import SafetensorError, deserialize
     try:
-        return load_file(path)
+        with open(path, "rb") as f:
+            entries = deserialize(f.read())
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"cannot read {path} as .safetensors: {first_line(str(e))}; is the file complete "
                               "(a finished download)?") from None
+    return {name: _safetensors_array(path, name, entry) for name, entry in entries}
+
+
+def _safetensors_array(path: str, name: str, entry: dict) -> np.ndarray:
+    """One deserialized safetensors tensor as a NumPy array; bfloat16 widened to float32.
+
+    Raises:
+        CheckpointError: a dtype NumPy has no type for (float8 and the like), naming the tensor.
+    """
+    if entry["dtype"] == "BF16":  # a bfloat16 is the upper half of a float32: widening it is exact
+        return (np.frombuffer(entry["data"], "<u2").astype("<u4") << 16).view("<f4").reshape(entry["shape"])
+    if entry["dtype"] not in _SAFETENSORS_DTYPES:
+        raise CheckpointError(f"{path}: tensor {name} is {entry['dtype']}, which msdist does not read (float64/32/16, "
+                              "bfloat16 and integer tensors only); save the weights in float32")
+    return np.frombuffer(entry["data"], _SAFETENSORS_DTYPES[entry["dtype"]]).reshape(entry["shape"])
 
 
 def _read_torch(path: str) -> Dict[str, np.ndarray]:
@@ -140,12 +163,12 @@ def _read_torch(path: str) -> Dict[str, np.ndarray]:
             for name, value in state.items() if isinstance(value, torch.Tensor)}
 
 
-def _read_mindspore(path: str) -> Tuple[Dict[str, np.ndarray], str]:
-    """A MindSpore checkpoint's tensors (appended strings and scalars left out) and its convention."""
+def _read_mindspore(path: str) -> Tuple[Dict[str, np.ndarray], Dict]:
+    """A MindSpore checkpoint's tensors (appended strings and scalars left out) and its msdist metadata."""
     raw = checkpoint.read_tensors(path)
     meta = json.loads(raw[checkpoint.META_KEY]) if isinstance(raw.get(checkpoint.META_KEY), str) else {}
     tensors = {name: value.asnumpy() for name, value in raw.items() if hasattr(value, "asnumpy")}
-    return tensors, checkpoint_model.meta_convention(meta)
+    return tensors, meta
 
 
 def read(path: str) -> Source:
@@ -159,17 +182,16 @@ def read(path: str) -> Source:
         raise CheckpointError(f"pretrained weights {path} are not a {', '.join(_SUFFIXES)} file; only those are "
                               "loaded (never arbitrary pickle)")
     checkpoint.check_size(path, "pretrained weights")
-    convention = DEFAULT_CONVENTION
+    meta = {}
     if path.endswith(TORCH_SUFFIXES):
         raw = _read_torch(path)
     elif path.endswith(".safetensors"):
         raw = _read_safetensors(path)
     else:
-        raw, convention = _read_mindspore(path)
+        raw, meta = _read_mindspore(path)
     # torch's BatchNorm statistics tell its naming apart (a .safetensors file may hold MindSpore's too).
     kind = "torch" if path.endswith(TORCH_SUFFIXES) or any(n.endswith(".running_var") for n in raw) else "mindspore"
-    if kind == "torch":
-        convention = TORCH_CONVENTION
+    convention = TORCH_CONVENTION if kind == "torch" else checkpoint_model.meta_convention(meta)
     tensors, names = {}, {}
     for name, value in raw.items():
         if name.endswith(_COUNTER):
@@ -179,7 +201,7 @@ def read(path: str) -> Source:
             raise CheckpointError(f"{path} holds both {names[mapped]} and {name}, one tensor in msdist ({mapped}); "
                                   "pass the weights of one model")
         tensors[mapped], names[mapped] = np.asarray(value), name
-    return Source(path, kind, tensors, names, tuple(n for n in raw if n.endswith(_COUNTER)), convention)
+    return Source(path, kind, tensors, names, tuple(n for n in raw if n.endswith(_COUNTER)), convention, meta)
 
 
 @dataclass(frozen=True)
@@ -290,18 +312,23 @@ def freeze_backbone(net) -> int:
     return frozen
 
 
-def convert(path: str, output: str) -> str:
-    """Write `path`'s weights as a MindSpore checkpoint under msdist's names, with the convention in its metadata.
+def convert(path: str, output: str, image_size: Optional[int] = None, classes: Optional[str] = None) -> Tuple[str, Dict]:
+    """Write `path`'s weights as a MindSpore checkpoint under msdist's names, with its sha256 sidecar and every field
+    of the metadata predict and export read (`inference.complete_meta`).
+
+    Args:
+        image_size, classes: `--image_size` and `--classes` (`inference.class_names`). Where not given, an msdist
+            checkpoint keeps its own; other files get IMAGENET_IMAGE_SIZE and, with 1000 classes, the ImageNet-1k
+            names, else the class indices.
 
     Returns:
-        The report line.
+        The loading report line, and the metadata written.
 
     Raises:
         CheckpointError: the file cannot be read or is not one of msdist's ResNets.
+        ConfigError: OUT is not a .ckpt, or `classes` does not fit the model.
     """
-    import mindspore as ms
     from models import create_model
-    from msdist.base.files import replace_durably
 
     if not output.endswith(".ckpt"):
         raise ConfigError(f"the converted file must end in .ckpt (a MindSpore checkpoint), not {output}")
@@ -312,9 +339,11 @@ def convert(path: str, output: str) -> str:
                               "zoo, MindCV or msdist naming; nothing to convert")
     net = create_model(model, source.num_classes, convention=source.convention)
     result = load_pretrained(net, source, model)
-    meta = {"model": model, "num_classes": source.num_classes, "convention": source.convention,
-            "converted_from": os.path.basename(path)}
-    tmp = os.path.join(os.path.dirname(os.path.abspath(output)), f".{os.path.basename(output)}.tmp.ckpt")
-    ms.save_checkpoint(net, tmp, append_dict={checkpoint.META_KEY: json.dumps(meta)})
-    replace_durably(tmp, output)
-    return report(source, result)
+    kept = {k: source.meta[k] for k in ("image_size", "classes", "mean", "std") if k in source.meta}
+    if classes is None and "classes" not in kept:
+        classes = "imagenet" if source.num_classes == 1000 else "index"
+    meta = inference.complete_meta({"image_size": IMAGENET_IMAGE_SIZE, **kept, "model": model,
+                                    "num_classes": source.num_classes, "convention": source.convention,
+                                    "converted_from": os.path.basename(path)}, output, image_size, classes)
+    checkpoint.save_weights([{"name": p.name, "data": p} for p in net.get_parameters()], output, meta)
+    return report(source, result), meta
