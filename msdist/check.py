@@ -22,7 +22,7 @@ from msdist.base.cli import cli_main
 from msdist.base.errors import UserError, alike_on_every_rank
 from msdist.cluster import device, distributed, heartbeat, job, runtime
 from msdist.base.files import rank_log_path
-from msdist.run import checkpoint, config, startup
+from msdist.run import checkpoint, config, recipe, startup
 
 
 PLAN_FLAG = "--plan"
@@ -77,7 +77,10 @@ def plan_main(argv) -> int:
     startup.run_checks(cfg, launch.world_size, startup.OPTION_CHECKS)
     probe = device.host_probe(os.environ, cfg.host_root)
     chosen = startup.decide_device(cfg, launch, probe)  # what training decides at start-up, refusals included
+    warnings = recipe.review(cfg, launch.world_size, chosen.target)
     lines = [f"{name}: {value}" for name, value in plan_fields(cfg, launch, probe, chosen)]
+    if launch.rank == 0:  # job-wide, so said once, as rank 0 says it at start-up
+        lines += [f"warning: {warning}" for warning in warnings]
     print("\n".join(f"[rank {launch.rank}] {line}" for line in lines), flush=True)
     return 0
 
@@ -91,10 +94,13 @@ def plan_fields(cfg, launch: launch_env.LaunchEnv, probe: device.GpuProbe, chose
     yield "rank", f"{launch.rank} of {launch.world_size}, local rank {launch.local_rank} of " \
                   f"{launch.local_world_size}, node {socket.gethostname()} (one of {nodes})"
     yield "host", f"NVIDIA hardware {'yes' if probe.nvidia_present else 'no'}, {probe.visible_devices} GPU(s) visible " \
-                  f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}), GPU plugin " \
-                  f"{'in the MindSpore wheel' if probe.plugin_loaded else 'absent'}"
+                  f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
+    if probe.nvidia_present:  # on a host without NVIDIA hardware the plugin's libraries are beside the point
+        yield "gpu plugin", probe.plugin
     yield "device", f"{target} ({chosen.why})"
     yield "device id", f"{'-' if chosen.device_id is None else chosen.device_id}, set by {chosen.call()}"
+    if target == "GPU":
+        yield "gpu per rank", device.gpu_sharing(launch.launcher, launch.local_world_size, probe, os.environ)
     yield "backend", _backend(launch, target)
     yield "sets", " ".join(f"{k}={v}" for k, v in sets.items()) or "nothing"
     yield "clears", " ".join(clears) or "nothing"

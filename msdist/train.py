@@ -26,7 +26,7 @@ _PROCESS_START = time.perf_counter()  # for result.json's start-to-first-step fi
 
 @cli_main
 def main(argv=None) -> int:
-    return runtime.exit_without_teardown(train(startup.start(argv, compile_cache=True)))
+    return runtime.exit_without_teardown(train(startup.start(argv, compile_cache=True, review_recipe=True)))
 
 
 def _claim_output_dir(path: str, resume: str, overwrite: bool, is_main: bool):

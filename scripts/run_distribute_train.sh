@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Data-parallel training on N processes of this host (or the hosts in your MPI hostfile).
-#   bash scripts/run_distribute_train.sh N --config configs/resnet50_fruits360.yaml --data_dir DIR [--key value ...]
+#   GPU host (N GPUs): bash scripts/run_distribute_train.sh N --config configs/resnet50_fruits360_gpu.yaml --data_dir DIR
+#   CPU host:          bash scripts/run_distribute_train.sh N --config configs/resnet50_fruits360.yaml --data_dir DIR
+#   [--key value ...] after them overrides the config. The CPU recipe's global batch of 32 leaves 4 images per GPU
+#   on 8 GPUs, too few for BatchNorm: training warns at start-up (so does msdist.check --plan).
 # Launchers: mpirun (default; OpenMPI from the OS: apt-get install openmpi-bin), or LAUNCHER=msdist for
 # msdist's own launcher (no OpenMPI needed; fail-fast, restarts with --max_restarts K), or LAUNCHER=msrun
 # for MindSpore's msrun (MASTER_PORT, default 8118; its logs in MSRUN_LOG_DIR, default msrun_logs).
 # Cost (2-core AMD EPYC, CPU): ResNet-50 100x100 ~18 img/s for the job; see README "Performance".
 set -euo pipefail
 if [ $# -lt 1 ] || ! [[ "$1" =~ ^[1-9][0-9]*$ ]]; then
-  echo "usage: $0 N [train args...]   (N = number of processes)" >&2
+  echo "usage: $0 N --config CONFIG --data_dir DIR [train args...]   (N = number of processes; on GPUs" \
+       "CONFIG = configs/resnet50_fruits360_gpu.yaml)" >&2
   exit 2
 fi
 N=$1; shift

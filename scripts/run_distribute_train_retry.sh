@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # mpirun with restarts: after a failed job, run it again with --resume auto, up to MAX_RESTARTS times.
 #   MAX_RESTARTS=3 bash scripts/run_distribute_train_retry.sh N --config CONFIG --data_dir DIR [--key value ...]
+#   GPU host: --config configs/resnet50_fruits360_gpu.yaml; CPU host: --config configs/resnet50_fruits360.yaml
 # Under mpirun a rank that dies (kill -9, exception) ends the whole job, including the MindSpore
 # scheduler rank 0 started, so each retry starts clean. `--resume auto` makes every rank resume from
 # the newest checkpoint all ranks have and whose sha256 verifies (a corrupt newest one is skipped),

@@ -1,4 +1,5 @@
 """Shared fixtures: the real data, and running msdist entry points as real processes."""
+import glob
 import os
 import subprocess
 import sys
@@ -126,3 +127,33 @@ def torchvision():
     finally:
         torch.library.register_fake = register_fake
     return torch, tv
+
+
+def fake_gpu_node(root, gpus: int, cuda: bool = True) -> str:
+    """A GPU node's files under `root`, for `--host_root`: /dev/nvidia0..N-1, NVIDIA's driver under /proc, and
+    (`cuda`) the CUDA-stack libraries the installed wheel's newest GPU plugin needs, where a CUDA 11 install puts
+    them (/usr/local/cuda/lib64; the driver's libcuda.so.1 in the system library folder). Empty files: --plan
+    looks libraries up, it does not load them."""
+    from msdist.cluster import device
+    (root / "dev").mkdir(parents=True, exist_ok=True)
+    for index in range(gpus):
+        (root / "dev" / f"nvidia{index}").touch()
+    (root / "dev" / "nvidiactl").touch()
+    (root / "proc" / "driver" / "nvidia").mkdir(parents=True, exist_ok=True)
+    (root / "proc" / "driver" / "nvidia" / "version").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module\n")
+    if cuda:
+        for name in cuda_libraries(device.wheel_plugin_dir()):
+            folder = root / ("usr/lib/x86_64-linux-gnu" if name.startswith("libcuda.so") else "usr/local/cuda/lib64")
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / name).touch()
+    return str(root)
+
+
+def cuda_libraries(plugin_dir: str) -> list:
+    """The CUDA-stack libraries the wheel's newest GPU plugin and its NCCL collective need (from their ELF headers)."""
+    from msdist.cluster import gpu_plugin
+    plugin = sorted(glob.glob(os.path.join(plugin_dir, "libmindspore_gpu.so.*")))[-1]
+    version = ".".join(map(str, gpu_plugin.plugin_version(plugin)))
+    needed = gpu_plugin.elf_dynamic(plugin)[0] + gpu_plugin.elf_dynamic(
+        os.path.join(plugin_dir, f"gpu{version}", "libnvidia_collective.so"))[0]
+    return [name for name in needed if gpu_plugin.is_cuda_stack(name)]

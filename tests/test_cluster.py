@@ -18,7 +18,7 @@ from msdist.base.errors import ConfigError
 from msdist.cluster import job, rendezvous
 
 MPI = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-       "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_MCA_ess_base_jobid": "77"}
+       "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_MCA_ess_base_jobid": "77", "OMPI_COMMAND": "python", "PMIX_RANK": "3"}
 # What srun gives task 5 of `srun -N2 --ntasks-per-node=4` (a job step; SLURM_STEP_ID marks it).
 SRUN = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "4",
         "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_LAUNCH_NODE_IPADDR": "10.1.2.3"}
@@ -255,6 +255,27 @@ def test_mpirun_across_hosts_on_cpu_needs_the_scheduler_address():
     job.check_launch(two_hosts, MPI, "GPU")  # MindSpore's own OpenMPI path needs no scheduler
     one_host = {**MPI, "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
     job.check_launch(launch_env.detect_launch(one_host), one_host, "CPU")  # the port file is on the one host
+
+
+@pytest.mark.parametrize("drop, extra, refused", [
+    ((), {}, ""),                                           # OpenMPI 4's mpirun: MindSpore sees it too
+    (("OMPI_COMMAND",), {}, "OMPI_COMMAND not"),            # a wrapper that filtered the environment
+    (("PMIX_RANK",), {}, "PMIX_RANK not"),                  # OpenMPI without PMIx
+    (("OMPI_COMMAND", "PMIX_RANK"), {}, "OMPI_COMMAND and PMIX_RANK not"),
+    ((), {"MS_ROLE": "MS_WORKER"}, ""),                     # msdist clears MS_ROLE on MindSpore's OpenMPI path
+])
+def test_gpu_mpirun_is_refused_where_mindspore_would_not_see_mpirun(drop, extra, refused):
+    """MindSpore 2.10 detects mpirun by OMPI_COMMAND + PMIX_RANK (and no MS_ROLE), not by OMPI_COMM_WORLD_*."""
+    one_host = {**MPI, "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
+    env = {**{k: v for k, v in one_host.items() if k not in drop}, **extra}
+    launch = launch_env.detect_launch(env)
+    assert launch.kind == "mpirun"
+    job.check_launch(launch, env, "CPU")  # the CPU bridge joins MindSpore's dynamic cluster, not its MPI path
+    if not refused:
+        job.check_launch(launch, env, "GPU")
+        return
+    with pytest.raises(ConfigError, match=f"but {refused}, so MindSpore 2.10 would not see mpirun"):
+        job.check_launch(launch, env, "GPU")
 
 
 def test_ms_variables_per_path():

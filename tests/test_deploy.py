@@ -14,7 +14,7 @@ import yaml
 from msdist import check, launch
 from msdist.cluster import preemption
 from msdist.cluster import relay as relay_module
-from msdist.run import config
+from msdist.run import config, recipe
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEPLOY = os.path.join(REPO, "deploy")
@@ -25,7 +25,8 @@ SBATCH = os.path.join(DEPLOY, "slurm", "train.sbatch")
 _COMMAND = re.compile(r"python -m (msdist\.\w+)([^'\n;|&#)]*)")
 # What the variables in the commands stand for at run time (a 2-node job, seen from node 1).
 SAMPLE_ENV = {"JOB_COMPLETION_INDEX": "1", "RANKS_PER_NODE": "4", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
-              "MASTER_ADDR": "node-0", "MASTER_PORT": "29500", "DATA_DIR": "/data/fruits360", "RUN_DIR": "/runs/r50"}
+              "MASTER_ADDR": "node-0", "MASTER_PORT": "29500", "DATA_DIR": "/data/fruits360", "RUN_DIR": "/runs/r50",
+              "CONFIG": "configs/resnet50_fruits360_gpu.yaml", "FORWARD": "-x NCCL_DEBUG"}  # the sbatch's GPU modes
 
 
 def _read(path):
@@ -206,6 +207,9 @@ def test_sbatch_runs_the_plan_first_under_each_launcher(tmp_path):
     assert "msdist.check --plan" in srun[0] and "msdist.train" in srun[1]
     (per_node,) = _run_sbatch(tmp_path, LAUNCHER="msdist")
     assert re.search(r"python -m msdist\.launch .* --plan .* && exec python -m msdist\.launch .* --max_restarts", per_node)
+    # GPU modes train the GPU recipe, DEVICE=CPU the CPU one (the srun'd shell of LAUNCHER=msdist expands ${CONFIG})
+    assert all("--config configs/resnet50_fruits360_gpu.yaml " in line for line in gpu + srun)
+    assert all("--config configs/resnet50_fruits360.yaml " in line for line in cpu)
 
 
 _STEP_UNTIL_USR2 = """#!/bin/sh
@@ -293,3 +297,85 @@ def test_commands_use_options_msdist_accepts(cmd, monkeypatch):
         assert module == "msdist.launch", f"unexpected entry point {module}"
         cfg = config.parse(launch.parse_args(args).train_args)
     assert cfg.data_dir and cfg.output_dir != config.parse([]).output_dir  # explicit paths, not defaults
+
+
+def _training_config(cmd):
+    """The training options a spec's command resolves to, as msdist.train, msdist.check --plan or msdist.launch
+    parse them (run from the repository root: --config paths are relative to it)."""
+    module, *args = shlex.split(_expand(cmd))[2:]
+    if module == "msdist.check":
+        return config.parse(args[1:], check.PLAN_OPTIONS)
+    if module == "msdist.launch":
+        return config.parse(launch.parse_args(args).train_args)
+    return config.parse(args)
+
+
+def gpu_script_commands():
+    """The commands scripts/run_distribute_train*.sh name for a GPU host (their usage lines)."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(REPO, "scripts", "run_distribute_train*.sh"))):
+        for line in _read(path).splitlines():
+            config_path = re.search(r"--config (configs/\S*gpu\S*\.yaml)", line)
+            if line.startswith("#") and "GPU" in line and config_path:
+                found.append((os.path.relpath(path, REPO), f"python -m msdist.train --config {config_path.group(1)} "
+                                                           "--data_dir /data --output_dir /runs/x"))
+    return found
+
+
+def test_every_script_names_the_gpu_recipe_for_a_gpu_host():
+    names = {path for path, _ in gpu_script_commands()}
+    scripts = glob.glob(os.path.join(REPO, "scripts", "run_distribute_train*.sh"))
+    assert names == {os.path.relpath(p, REPO) for p in scripts}
+
+
+@pytest.mark.parametrize("nodes", [1, 2], ids=["8 GPUs on 1 node", "8 GPUs on 2 nodes"])
+def test_every_shipped_gpu_spec_trains_a_recipe_without_warnings(nodes, monkeypatch):
+    """sbatch (mpirun, srun, msdist.launch; DEVICE=CPU excepted), both manifests and the scripts' GPU usage lines,
+    resolved at 8 GPUs: no BatchNorm starved of images, no fixed loss scale under float16, bfloat16 not refused."""
+    monkeypatch.chdir(REPO)
+    specs = deploy_commands() + gpu_script_commands()
+    assert {path for path, _ in specs} >= {"deploy/slurm/train.sbatch", "deploy/k8s/mpijob.yaml",
+                                            "deploy/k8s/launch-job.yaml", "scripts/run_distribute_train.sh"}
+    for where, cmd in specs:
+        cfg = _training_config(cmd)
+        assert os.path.basename(cfg.config) == "resnet50_fruits360_gpu.yaml", f"{where}: {cmd}"
+        assert recipe.review(cfg, 8, "GPU") == [], f"{where} at 8 GPUs on {nodes} node(s): {cmd}"
+
+
+def test_the_seed_recipe_at_8_gpus_gets_both_warnings(monkeypatch):
+    """The seed's config with its loss_scale 1024 (item 8 removed it from the file; --loss_scale restores it)."""
+    monkeypatch.chdir(REPO)
+    seed = config.parse(["--config", "configs/resnet50_fruits360.yaml", "--loss_scale", "1024"])
+    bn, scale = recipe.review(seed, 8, "GPU")
+    assert bn.startswith("BatchNorm sees 4 images per rank (batch_size 32 / 8 ranks)") and "--sync_bn true" in bn
+    assert "at least 128" in bn
+    assert scale.startswith("float16 gradients with the fixed loss scale 1024") and "--loss_scale auto" in scale
+    assert recipe.review(seed, 1, "GPU") == [scale]  # one rank: BatchNorm sees the whole batch
+    assert recipe.review(seed, 8, "CPU") == [bn]  # float32 on CPU: the scale cannot overflow anything
+
+
+def _launcher_script(job):
+    _, launcher = _container(job, "Launcher")
+    return " ".join(launcher["args"]), {e["name"]: e["value"] for e in launcher.get("env", [])}
+
+
+def test_mpijob_forwards_nccl_ms_and_msdist_variables_to_every_rank(tmp_path):
+    """mpirun's ranks start over ssh without the launcher pod's environment: the launcher's script, run by bash
+    with a stub mpirun, passes each NCCL_*, MS_* and MSDIST_* variable of its container by name (-x NAME)."""
+    (job,) = _documents(os.path.join(DEPLOY, "k8s", "mpijob.yaml"))
+    script, container_env = _launcher_script(job)
+    assert container_env.get("NCCL_DEBUG") == "WARN"
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "mpirun").write_text(_STUB)
+    (stubs / "mpirun").chmod(0o755)
+    log = tmp_path / "calls.log"
+    env = {"PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}", "STUB_LOG": str(log), **container_env,
+           "NCCL_SOCKET_IFNAME": "eth0", "MS_NODE_TIMEOUT": "60", "MSDIST_EXAMPLE": "1", "UNRELATED": "x",
+           "XNCCL_NOT_THIS": "1"}
+    subprocess.run(["bash", "-c", script], check=True, env=env, timeout=60)
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2 and all(c.startswith("mpirun -n 8 --bind-to none ") for c in calls)
+    for call in calls:
+        forwarded = re.findall(r"-x (\S+)", call)
+        assert sorted(forwarded) == ["MSDIST_EXAMPLE", "MS_NODE_TIMEOUT", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME"], call

@@ -6,12 +6,14 @@ Each test names the MindSpore 2.10 source it relies on: the installed wheel's Py
 (lib/plugin/libmindspore_gpu.so.*, built from mindspore-ai/mindspore plugin/device/gpu/hal/device/cuda_driver.cc).
 Two tests check the claims the device id rests on against the installed wheel itself, on CPU.
 """
+import multiprocessing
+import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, base_env
+from conftest import REPO, base_env, fake_gpu_node
 from msdist.base.errors import ConfigError
 from msdist.cluster import device
 from msdist.cluster.device import GpuProbe
@@ -105,7 +107,9 @@ def test_host_probe_reads_dev_and_proc_under_a_root(tmp_path):
     probe = device.host_probe({}, str(tmp_path))
     assert (probe.nvidia_present, probe.visible_devices) == (True, 2)
     assert device.host_probe({"CUDA_VISIBLE_DEVICES": "1"}, str(tmp_path)).visible_devices == 1
-    assert device.gpu_plugin_in_wheel().rsplit("/", 1)[-1].startswith("libmindspore_gpu.so")
+    # the wheel ships GPU plugins, but this root has no CUDA libraries: by MindSpore's rules none loads
+    assert not probe.plugin_loaded and "libcudnn.so.8 (cuDNN 8)" in probe.load_error
+    assert probe.plugin.startswith("will not load: libmindspore_gpu.so.")
 
 
 def test_gpu_preflight_judges_the_device_id_training_uses():
@@ -120,3 +124,118 @@ def test_gpu_preflight_judges_the_device_id_training_uses():
     [nccl] = device.gpu_preflight(GpuProbe(True, 4, True), 3, {"NCCL_SOCKET_IFNAME": "nosuchif0"})
     assert "NCCL_SOCKET_IFNAME=nosuchif0 matches no interface" in nccl
     assert device.gpu_preflight(GpuProbe(True, 4, True), 3, {"NCCL_SOCKET_IFNAME": "lo"}) == []
+
+
+# ---------------------------------------------------------------- one GPU per rank (issue 32 item 2)
+
+BUS = ("0000:1b:00.0", "0000:3d:00.0", "0000:89:00.0", "0000:b1:00.0")  # a 4-GPU node's GPUs
+SLURM_PER_TASK = {"SLURM_GPUS_PER_TASK": "1"}
+
+
+@pytest.mark.parametrize("launcher, local_world, probe, env, verdict", [
+    # refused before MindSpore loads: more local GPU ranks than the host (a pod: its own) has GPUs
+    ("mpirun", 2, GpuProbe(True, 1, True, host_devices=1), {}, "refused"),                 # mpirun -n 2, one GPU
+    ("mpirun", 4, GpuProbe(True, 1, True, host_devices=1), {}, "refused"),                 # MPIJob 4 slots, 1 GPU
+    # the ranks each see one GPU of a 4-GPU node: exported alike (shared) or per rank (own) look the same here
+    ("mpirun", 4, GpuProbe(True, 1, True, host_devices=4), {"CUDA_VISIBLE_DEVICES": "0"}, "unverified"),
+    # settled by the launcher's variables
+    ("srun", 4, GpuProbe(True, 1, True, host_devices=4), {**SLURM_PER_TASK, "CUDA_VISIBLE_DEVICES": "2"}, "own"),
+    ("mpirun", 1, GpuProbe(True, 1, True, host_devices=1), {}, "own"),                     # one-GPU pods
+    ("msdist.launch", 4, GpuProbe(True, 4, True, host_devices=4), {}, "own"),              # all GPUs: device = rank
+    # MIG: several instances behind one device node; the bus ids decide at start-up
+    ("mpirun", 2, GpuProbe(True, 1, True, host_devices=1), {"CUDA_VISIBLE_DEVICES": "MIG-GPU-1/1/0"}, "unverified"),
+])
+def test_gpu_sharing_before_mindspore_loads(launcher, local_world, probe, env, verdict):
+    if verdict == "refused":
+        refusal = rf"^{local_world} GPU ranks on this host but it has 1 GPU\(s\), so ranks would share one: NCCL " \
+                  r"stops in init\(\) with \"Duplicate GPU detected\""
+        with pytest.raises(ConfigError, match=refusal):
+            device.gpu_sharing(launcher, local_world, probe, env)
+        return
+    line = device.gpu_sharing(launcher, local_world, probe, env)
+    assert line.startswith("own GPU" if verdict == "own" else "unverified: "), line
+
+
+@pytest.mark.parametrize("bus_ids, refused_ranks", [
+    ([BUS[0]] * 4, "0, 1, 2, 3"),            # CUDA_VISIBLE_DEVICES=0 exported to every rank of a 4-GPU node
+    ([BUS[0]] * 2, "0, 1"),                  # mpirun -n 2 on a one-GPU host
+    ([BUS[0].upper(), BUS[0]], "0, 1"),      # CUDA prints hex digits in either case
+    (list(BUS), ""),                         # srun --gpus-per-task=1 / a per-rank CUDA_VISIBLE_DEVICES: own GPUs
+    ([BUS[2]], ""),                          # a one-GPU pod
+    (["", ""], ""),                          # bus ids unknown (no libcuda): no evidence, NCCL's own check remains
+    ([], ""),                                # the exchange timed out
+])
+def test_shared_gpu_from_the_local_ranks_bus_ids(bus_ids, refused_ranks):
+    problem = device.shared_gpu(bus_ids)
+    if not refused_ranks:
+        assert problem == ""
+        return
+    assert problem.startswith(f"local ranks {refused_ranks} would all use the GPU at bus id {BUS[0]}: NCCL stops in "
+                              "init() with \"Duplicate GPU detected\""), problem
+
+
+def test_cuda_bus_id_is_empty_without_a_cuda_driver():
+    """This host has no libcuda.so.1: the bus id is unknown, which `shared_gpu` takes as no evidence."""
+    assert device.cuda_bus_id(0) == ""
+
+
+def _refuse_shared_gpu_in_rank(local_rank, bus_id, out):
+    from msdist.base import launch_env
+    from msdist.cluster import distributed
+    device.cuda_bus_id = lambda ordinal: bus_id  # what CUDA would answer on a GPU node (none here)
+    launch = launch_env.LaunchEnv("mpirun", local_rank, 2, local_rank, 2, f"test-{os.getppid()}", "mpirun")
+    try:
+        distributed.refuse_shared_gpu(launch, 0)
+        out.put((local_rank, ""))
+    except ConfigError as e:
+        out.put((local_rank, str(e)))
+
+
+@pytest.mark.parametrize("bus_ids, refused", [((BUS[0], BUS[0]), True), ((BUS[0], BUS[1]), False)],
+                         ids=["one GPU exported to both ranks", "one GPU each"])
+def test_local_ranks_compare_their_gpus_before_nccl_init(bus_ids, refused):
+    """distributed.init's check, in two real processes meeting through the per-host exchange; only the CUDA answer
+    (the bus id of device 0) is given, since this host has no GPU."""
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    ranks = [ctx.Process(target=_refuse_shared_gpu_in_rank, args=(r, bus_ids[r], out)) for r in (0, 1)]
+    for proc in ranks:
+        proc.start()
+    verdicts = dict(out.get(timeout=60) for _ in ranks)
+    for proc in ranks:
+        proc.join(timeout=60)
+    assert all(("would all use the GPU" in v) == refused for v in verdicts.values()), verdicts
+
+
+def _ompi(rank, local_size, **extra):
+    return {"OMPI_COMM_WORLD_SIZE": str(local_size), "OMPI_COMM_WORLD_RANK": str(rank),
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size),
+            "OMPI_COMMAND": "python", "PMIX_RANK": str(rank), "OMPI_MCA_ess_base_jobid": "5", **extra}
+
+
+def _plan(root, env):
+    clean = {k: v for k, v in base_env().items() if not k.startswith(("OMPI_", "PMIX_", "SLURM_", "MS_", "CUDA_VIS"))}
+    return subprocess.run([sys.executable, "-m", "msdist.check", "--plan", "--config", f"{REPO}/configs/tiny_test.yaml",
+                           "--data_dir", f"{REPO}/tests/data/fruits360-mini", "--host_root", root], cwd=REPO,
+                          env={**clean, **env}, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("gpus, env, answer", [
+    (1, _ompi(1, 2), "refused"),                                        # mpirun -n 2 on a one-GPU host
+    (1, _ompi(3, 4), "refused"),                                        # an MPIJob pod: 4 slots, 1 GPU
+    (4, _ompi(2, 4, CUDA_VISIBLE_DEVICES="0"), "unverified: "),          # CUDA_VISIBLE_DEVICES=0 to every rank
+    (4, {"SLURM_STEP_ID": "0", "SLURM_JOB_ID": "9", "SLURM_NTASKS": "4", "SLURM_PROCID": "2", "SLURM_LOCALID": "2",
+         "SLURM_NTASKS_PER_NODE": "4", "SLURM_GPUS_PER_TASK": "1", "CUDA_VISIBLE_DEVICES": "2"},
+     "own GPU: srun --gpus-per-task=1"),                                 # srun --gpus-per-task=1
+    (1, {**_ompi(0, 1), "OMPI_COMM_WORLD_SIZE": "2"}, "own GPU: one rank on this host"),  # one-GPU pods, 1 slot each
+])
+def test_plan_on_gpu_sharing_set_ups(tmp_path, gpus, env, answer):
+    proc = _plan(fake_gpu_node(tmp_path / f"node-{gpus}-gpus", gpus), env)
+    if answer == "refused":
+        assert proc.returncode == 2 and not proc.stdout.strip(), proc.stdout + proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert "GPU ranks on this host but it has 1 GPU(s)" in line and "Duplicate GPU detected" in line, line
+        return
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (line,) = [ln for ln in proc.stdout.splitlines() if "] gpu per rank: " in ln]
+    assert line.split("] gpu per rank: ")[1].startswith(answer), line

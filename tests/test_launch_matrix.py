@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from conftest import MPI_ENV, REPO, base_env, mpirun
+from conftest import MPI_ENV, REPO, base_env, fake_gpu_node, mpirun
 
 PLAN_ARGS = ["--config", os.path.join(REPO, "configs", "tiny_test.yaml"), "--data_dir",
              os.path.join(REPO, "tests", "data", "fruits360-mini")]
@@ -29,14 +29,8 @@ _LINE = re.compile(r"^\[rank (\d+)\] ([a-z ]+): (.*)$")
 
 @pytest.fixture
 def gpu_node(tmp_path):
-    """/dev and /proc/driver as a node with 4 NVIDIA GPUs and its driver shows them."""
-    root = tmp_path / "gpu-node"
-    (root / "dev").mkdir(parents=True)
-    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm"):
-        (root / "dev" / name).touch()
-    (root / "proc" / "driver" / "nvidia").mkdir(parents=True)
-    (root / "proc" / "driver" / "nvidia" / "version").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module\n")
-    return str(root)
+    """/dev and /proc/driver as a node with 4 NVIDIA GPUs and its driver shows them, with CUDA 11 and cuDNN 8."""
+    return fake_gpu_node(tmp_path / "gpu-node", 4)
 
 
 def _clean_env(**extra) -> dict:
@@ -111,7 +105,7 @@ MPIRUN_NODE_1 = {"OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_RANK": "5", "OMPI
                  "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_NODE_RANK": "1", "OMPI_UNIVERSE_SIZE": "8",
                  "OMPI_MCA_ess_base_jobid": "1500184577", "OMPI_MCA_ess_base_vpid": "5",
                  "OMPI_MCA_orte_num_nodes": "2", "OMPI_MCA_orte_ess_num_procs": "8", "PMIX_RANK": "5",
-                 "PMIX_NAMESPACE": "1500184577", "PMIX_HOSTNAME": "node-1"}
+                 "PMIX_NAMESPACE": "1500184577", "PMIX_HOSTNAME": "node-1", "OMPI_COMMAND": "python"}
 
 
 def test_mpirun_two_nodes(gpu_node):
@@ -258,6 +252,7 @@ def mpijob_env(rank: int, workers: int, slots: int = 4) -> dict:
             "OMPI_COMM_WORLD_LOCAL_RANK": str(rank % slots), "OMPI_COMM_WORLD_LOCAL_SIZE": str(slots),
             "OMPI_COMM_WORLD_NODE_RANK": str(rank % slots), "OMPI_MCA_orte_num_nodes": str(workers),
             "OMPI_MCA_ess_base_jobid": "2113601537", "PMIX_NAMESPACE": "2113601537", "PMIX_RANK": str(rank),
+            "OMPI_COMMAND": "python",
             "OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile", "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
             "OMPI_MCA_orte_keep_fqdn_hostnames": "true", "OMPI_MCA_orte_set_default_slots": str(slots),
             "HOSTNAME": f"msdist-resnet50-worker-{pod}", "KUBERNETES_SERVICE_HOST": "10.96.0.1",

@@ -3,8 +3,9 @@
 Two views feed the same pure functions:
 
 * before MindSpore loads (`host_probe`: `msdist.check --plan`, the start-up of every entry point), the
-  host's files: NVIDIA's device nodes and driver (`/dev/nvidia*`, `/proc/driver/nvidia`), the GPU
-  plugin inside the installed MindSpore wheel, and `CUDA_VISIBLE_DEVICES`;
+  host's files: NVIDIA's device nodes and driver (`/dev/nvidia*`, `/proc/driver/nvidia`), whether the
+  installed wheel's GPU plugin would load by MindSpore's own rules (`gpu_plugin`), and
+  `CUDA_VISIBLE_DEVICES`;
 * once MindSpore is loaded (`distributed.probe_gpu`), MindSpore's own word: whether its GPU plugin
   loaded and how many devices CUDA shows it. A GPU chosen from the files is confirmed that way
   before anything is compiled.
@@ -15,14 +16,16 @@ DeviceManagerConf.set_device); `set_context(device_id=...)` only writes the old 
 init then gives each rank the device of its own local rank, which fails with "SetDevice for id:N"
 where each rank sees one GPU.
 """
+import ctypes
 import importlib.util
 import os
 import re
 import socket
 from dataclasses import dataclass
-from typing import List, Mapping, Optional
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from msdist.base.errors import ConfigError
+from msdist.cluster import gpu_plugin
 
 # A CUDA_VISIBLE_DEVICES entry CUDA accepts: an index or a GPU/MIG UUID. CUDA ignores every entry from
 # the first invalid one on (Slurm writes "NoDevFiles" for a step without GPUs).
@@ -37,6 +40,8 @@ class GpuProbe:
     visible_devices: int   # GPUs this process may use
     nvidia_present: bool   # NVIDIA hardware or driver on the host (/dev/nvidia0, /proc/driver/nvidia)
     load_error: str = ""   # why the plugin is missing or failed to load
+    host_devices: int = 0  # NVIDIA device nodes on the host (a pod: its own GPUs), whatever CUDA_VISIBLE_DEVICES says
+    plugin: str = ""       # from files: the plugin MindSpore would load and what stays unverified, or why none
 
 
 @dataclass(frozen=True)
@@ -68,17 +73,13 @@ def host_gpu_count(root: str = "/") -> int:
         return 0
 
 
-def gpu_plugin_in_wheel() -> str:
-    """Path of the GPU plugin the installed MindSpore wheel ships ("" when none), found without importing it."""
+def wheel_plugin_dir() -> str:
+    """The installed MindSpore wheel's plugin folder (lib/plugin, where its loader looks), found without importing
+    it; "" when MindSpore is not installed."""
     spec = importlib.util.find_spec("mindspore")
     if spec is None or spec.origin is None:
         return ""
-    plugin_dir = os.path.join(os.path.dirname(spec.origin), "lib", "plugin")
-    try:
-        names = sorted(n for n in os.listdir(plugin_dir) if n.startswith("libmindspore_gpu.so"))
-    except OSError:
-        return ""
-    return os.path.join(plugin_dir, names[-1]) if names else ""
+    return os.path.join(os.path.dirname(spec.origin), "lib", "plugin")
 
 
 def visible_gpu_count(env: Mapping[str, str], host_devices: int) -> int:
@@ -98,13 +99,14 @@ def host_probe(env: Mapping[str, str], root: str = "/") -> GpuProbe:
     """This host's GPUs as its files show them, before MindSpore loads.
 
     Args:
-        env: the environment (CUDA_VISIBLE_DEVICES).
-        root: where /dev and /proc are (`msdist.check --plan --host_root`); "/" is this host.
+        env: the environment (CUDA_VISIBLE_DEVICES; CUDA_HOME and LD_LIBRARY_PATH for the plugin).
+        root: where /dev, /proc and the CUDA libraries are (`msdist.check --plan --host_root`); "/" is this host.
     """
     present = nvidia_present(root)
-    plugin = gpu_plugin_in_wheel()
-    visible = visible_gpu_count(env, host_gpu_count(root)) if present else 0  # no driver: CUDA sees nothing
-    return GpuProbe(bool(plugin), visible, present, "" if plugin else "this MindSpore wheel has no GPU plugin")
+    plugin = gpu_plugin.verdict(wheel_plugin_dir(), root, env)  # MindSpore's own loading rules, on files
+    host = host_gpu_count(root)
+    visible = visible_gpu_count(env, host) if present else 0  # no driver: CUDA sees nothing
+    return GpuProbe(plugin.loads, visible, present, plugin.problem, host, plugin.describe())
 
 
 def gpu_load_error(load_plugin_error: str) -> str:
@@ -119,14 +121,19 @@ def gpu_device_id(visible_devices: int, local_rank: int) -> int:
     return 0 if visible_devices == 1 else local_rank
 
 
-def _unusable(probe: GpuProbe) -> str:
-    """Why this probe rules the GPU out ("" when a GPU is usable)."""
+_VISIBILITY_FIX = "give this process its GPUs (CUDA_VISIBLE_DEVICES, srun --gpus-per-task=1)"
+
+
+def _unusable(probe: GpuProbe) -> Tuple[str, str]:
+    """Why this probe rules the GPU out and what fixes it (("", "") when a GPU is usable)."""
     if not probe.plugin_loaded:
-        return f"MindSpore's GPU plugin did not load: {probe.load_error or 'this MindSpore build has no GPU plugin'}"
+        return (f"MindSpore's GPU plugin did not load: {probe.load_error or 'this MindSpore build has no GPU plugin'}",
+                "install what it names (CUDA 11 with cuDNN 8, their folder on LD_LIBRARY_PATH) or a MindSpore GPU "
+                "build for this host's CUDA")
     if probe.visible_devices == 0:
-        return "no GPU is visible to this process (an empty or invalid CUDA_VISIBLE_DEVICES, or a job step " \
-               "without GPUs)"
-    return ""
+        return ("no GPU is visible to this process (an empty or invalid CUDA_VISIBLE_DEVICES, or a job step "
+                "without GPUs)", _VISIBILITY_FIX)
+    return "", ""
 
 
 def plan_device(requested: str, local_rank: int, probe: GpuProbe) -> DevicePlan:
@@ -145,13 +152,12 @@ def plan_device(requested: str, local_rank: int, probe: GpuProbe) -> DevicePlan:
     """
     if requested == "CPU":
         return DevicePlan(requested, "CPU", "--device_target CPU")
-    problem = _unusable(probe)
+    problem, fix = _unusable(probe)
     if problem and requested == "GPU":
-        raise ConfigError(f"--device_target GPU but {problem}; fix the GPU set-up or pass --device_target CPU")
+        raise ConfigError(f"--device_target GPU but {problem}; {fix}, or pass --device_target CPU")
     if problem and probe.nvidia_present:
-        raise ConfigError(f"--device_target auto on a host with NVIDIA hardware, but {problem}; give this process "
-                          "its GPUs (CUDA_VISIBLE_DEVICES, srun --gpus-per-task=1) or pass --device_target CPU to "
-                          "train on CPU deliberately")
+        raise ConfigError(f"--device_target auto on a host with NVIDIA hardware, but {problem}; {fix}, or pass "
+                          "--device_target CPU to train on CPU deliberately")
     if problem:
         return DevicePlan(requested, "CPU", "auto: no NVIDIA hardware on this host")
     device_id = gpu_device_id(probe.visible_devices, local_rank)
@@ -190,3 +196,79 @@ def gpu_preflight(probe: GpuProbe, local_rank: int, env: Mapping[str, str]) -> L
         if not ifname.startswith("^") and not any(p.startswith(w) for w in wanted for p in present):
             problems.append(f"NCCL_SOCKET_IFNAME={ifname} matches no interface here ({', '.join(sorted(present))})")
     return problems
+
+
+# ---------------------------------------------------------------- one GPU per rank
+
+_DUPLICATE_GPU_FIX = "NCCL stops in init() with \"Duplicate GPU detected\"; give each rank its own GPU"
+
+
+def gpu_sharing(launcher: str, local_world_size: int, probe: GpuProbe, env: Mapping[str, str]) -> str:
+    """Whether the GPU ranks of this host each get their own GPU, as far as the launcher's variables and the
+    host's device nodes settle it before MindSpore loads; one line for `msdist.check --plan`.
+
+    A rank that sees exactly one GPU uses it as device 0 (`gpu_device_id`), so from inside one rank
+    `CUDA_VISIBLE_DEVICES=0` exported to every rank looks like `srun --gpus-per-task=1`; what tells them
+    apart are the GPUs' bus ids, compared at start-up (`shared_gpu`). Settled here: one rank on the
+    host; several visible GPUs (device = local rank, distinct); more local ranks than the host's GPUs
+    (`mpirun -n 2` on a one-GPU host, an MPIJob with 4 slots and 1 GPU per pod); srun's
+    --gpus-per-task (SLURM_GPUS_PER_TASK; Slurm binds each task to its own GPUs with it, --gpu-bind=per_task).
+
+    Args:
+        launcher: `LaunchEnv.launcher`.
+        probe: `host_probe` (host_devices counts /dev/nvidiaN: a pod's own GPUs in a container).
+
+    Raises:
+        ConfigError: more GPU ranks on this host than it has GPUs.
+    """
+    visible = probe.visible_devices
+    if local_world_size <= 1:
+        return "own GPU: one rank on this host"
+    if visible > 1:
+        return f"own GPU: device = local rank, each of the {local_world_size} local ranks a different one of " \
+               f"the {visible} visible GPUs"
+    mig = any(entry.strip().startswith("MIG-") for entry in env.get("CUDA_VISIBLE_DEVICES", "").split(","))
+    if not mig and 0 < probe.host_devices < local_world_size:  # MIG: several instances of one device node
+        raise ConfigError(f"{local_world_size} GPU ranks on this host but it has {probe.host_devices} GPU(s), so "
+                          f"ranks would share one: {_DUPLICATE_GPU_FIX} (start one rank per GPU: mpirun -n / "
+                          "slotsPerWorker / -n = GPUs per node) or pass --device_target CPU")
+    if launcher == "srun" and env.get("SLURM_GPUS_PER_TASK"):
+        return f"own GPU: srun --gpus-per-task={env['SLURM_GPUS_PER_TASK']} binds each task to its own GPU"
+    return ("unverified: each rank sees one GPU, its own under srun --gpus-per-task=1 or a per-rank "
+            "CUDA_VISIBLE_DEVICES, a shared one if the same CUDA_VISIBLE_DEVICES reaches every rank; start-up "
+            "compares the local ranks' GPU bus ids before init('nccl')")
+
+
+def shared_gpu(bus_ids: Sequence[str]) -> str:
+    """The refusal when two local ranks would use one GPU ("" when none does), from each local rank's GPU
+    PCI bus id (`cuda_bus_id`, gathered through `local_exchange`); an unknown id ("") is no evidence."""
+    ranks = {}
+    for local_rank, bus_id in enumerate(bus_ids):
+        if bus_id:
+            ranks.setdefault(bus_id.lower(), []).append(local_rank)
+    shared = [(bus_id, group) for bus_id, group in ranks.items() if len(group) > 1]
+    if not shared:
+        return ""
+    bus_id, group = shared[0]
+    return (f"local ranks {', '.join(map(str, group))} would all use the GPU at bus id {bus_id}: "
+            f"{_DUPLICATE_GPU_FIX} (do not export one CUDA_VISIBLE_DEVICES to every rank; srun --gpus-per-task=1, "
+            "or let each rank see all of the node's GPUs) or start fewer ranks per node")
+
+
+def cuda_bus_id(ordinal: int) -> str:
+    """PCI bus id of the GPU CUDA numbers `ordinal` in this process (after CUDA_VISIBLE_DEVICES), "" when unknown.
+
+    From the CUDA driver API (cuInit, cuDeviceGet, cuDeviceGetPCIBusId in libcuda.so.1, which MindSpore's GPU
+    plugin links too): MindSpore 2.10 reports device names and memory (hal.get_device_properties) but no
+    bus id or UUID. cuInit creates no context, so it costs no GPU memory.
+    """
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return ""
+    handle = ctypes.c_int()
+    text = ctypes.create_string_buffer(64)
+    if cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(handle), ordinal) or \
+            cuda.cuDeviceGetPCIBusId(text, len(text), handle):
+        return ""
+    return text.value.decode(errors="replace")

@@ -26,8 +26,9 @@ from typing import Optional
 import numpy as np
 
 from msdist.base import cli
+from msdist.base.errors import ConfigError, alike_on_every_rank
 from msdist.base.launch_env import LaunchEnv
-from msdist.cluster import device, job, rendezvous
+from msdist.cluster import device, job, local_exchange, rendezvous
 
 _logger = logging.getLogger(__name__)
 # What a rank's exception says when a collective could not complete because a peer is gone or stopped.
@@ -60,7 +61,9 @@ def probe_gpu() -> device.GpuProbe:
     if loaded:
         from mindspore._c_expression import gpu_get_device_count  # only in GPU builds
         visible = int(gpu_get_device_count())  # CUDA applies CUDA_VISIBLE_DEVICES itself
-    return device.GpuProbe(loaded, visible, device.nvidia_present(), device.gpu_load_error(context.load_plugin_error()))
+    error = device.gpu_load_error(context.load_plugin_error())
+    return device.GpuProbe(loaded, visible, device.nvidia_present(), error, device.host_gpu_count(),
+                           "loaded by MindSpore" if loaded else f"not loaded: {error}")
 
 
 class _ClusterBridge:
@@ -162,6 +165,24 @@ def plan_device(requested: str, launch: LaunchEnv) -> device.DevicePlan:
     return device.plan_device("GPU", launch.local_rank, probe_gpu())
 
 
+def refuse_shared_gpu(launch: LaunchEnv, device_id: int) -> None:
+    """Stop, before init("nccl"), local ranks that would share one GPU: each says which GPU its device id is
+    (PCI bus id) through the per-host exchange, and every local rank judges all of them alike.
+
+    Raises:
+        ConfigError: `device.shared_gpu` found one GPU for two local ranks.
+    """
+    key = local_exchange.job_key(launch.launcher, launch.job_id, os.environ)
+    if not key:  # ranks set up by hand: nothing to meet under; NCCL's own check remains
+        return
+    bus_ids = local_exchange.exchange(local_exchange.folder_for("gpus", key), launch.local_rank,
+                                      launch.local_world_size, device.cuda_bus_id(device_id))
+    problem = device.shared_gpu(bus_ids or [])
+    if problem:
+        with alike_on_every_rank():
+            raise ConfigError(problem)
+
+
 def init(launch: LaunchEnv, device_target: str, log_dir: str, deterministic: bool = False) -> DistInfo:
     """Set the device and GRAPH_MODE, join the job's communication group, set DATA_PARALLEL.
 
@@ -175,6 +196,8 @@ def init(launch: LaunchEnv, device_target: str, log_dir: str, deterministic: boo
 
     chosen = plan_device(device_target, launch)
     target = chosen.target
+    if target == "GPU" and launch.local_world_size > 1:
+        refuse_shared_gpu(launch, chosen.device_id)
     for name in job.vars_to_clear(launch, target, os.environ):
         del os.environ[name]  # before init(): they would start the dynamic cluster instead of MPI
     # set_device, not set_context(device_id=...): communication init keeps only an id given this way

@@ -49,6 +49,16 @@ def should_finalize_mpi(launch: LaunchEnv, device_target: str) -> bool:
     return launch.kind == "mpirun" and not needs_cluster_bridge(launch, device_target)
 
 
+def mpi_variables_mindspore_misses(env: Mapping[str, str]) -> List[str]:
+    """The variables MindSpore 2.10 needs to see mpirun that this environment lacks ([] = it sees mpirun).
+
+    MindSpore does not read OMPI_COMM_WORLD_* to decide: OMPI_COMMAND and PMIX_RANK both set, and no
+    MS_ROLE (communication/_comm_helper.py:138-148 `_check_mpi_envs`, management.py:63-65 `_host_distribute`;
+    in C++ mindspore/core/utils/ms_utils.h `UseMPI`). msdist clears MS_ROLE itself on that path.
+    """
+    return [name for name in ("OMPI_COMMAND", "PMIX_RANK") if not env.get(name)]
+
+
 def check_launch(launch: LaunchEnv, env: Mapping[str, str], device_target: str) -> None:
     """Refuse, before anything starts, the launches known to fail or to mix up ranks.
 
@@ -57,8 +67,15 @@ def check_launch(launch: LaunchEnv, env: Mapping[str, str], device_target: str) 
             numbers the ranks only inside init(), so until then every process takes itself for rank 0 and
             their --overwrite, heartbeat files and compile-cache folders collide); mpirun across hosts on CPU
             without MS_SCHED_HOST/MS_SCHED_PORT (the other hosts' ranks wait for a port file that only rank
-            0's host has, and fail after RENDEZVOUS_TIMEOUT_S).
+            0's host has, and fail after RENDEZVOUS_TIMEOUT_S); mpirun on GPU where MindSpore would not see
+            mpirun (`mpi_variables_mindspore_misses`: init("nccl") would not take its OpenMPI path).
     """
+    missing = mpi_variables_mindspore_misses(env) if should_finalize_mpi(launch, device_target) else []
+    if missing:
+        raise ConfigError(f"mpirun's OMPI_COMM_WORLD_* are set but {' and '.join(missing)} not, so MindSpore 2.10 "
+                          "would not see mpirun (it needs OMPI_COMMAND and PMIX_RANK) and init('nccl') would not "
+                          "join the ranks; launch with OpenMPI 4+'s mpirun without filtering its variables, or "
+                          "use python -m msdist.launch")
     if launch.kind == "cluster" and launch.world_size > 1 and "MS_NODE_ID" not in env:
         raise ConfigError(f"{launch.launcher} started this worker without a rank (no MS_NODE_ID): msrun across "
                           "nodes needs --node_rank N on node N (msrun numbers the ranks only inside init(), and "

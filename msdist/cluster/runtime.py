@@ -18,7 +18,9 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import Tuple
+from typing import List, Sequence, Tuple
+
+from msdist.cluster import local_exchange
 
 _logger = logging.getLogger(__name__)
 
@@ -71,26 +73,69 @@ class Placement:
     bound_by: str = ""           # "launcher", "msdist" or "" (not bound)
 
 
-def place_rank(local_rank: int, local_world_size: int, bind: bool = True) -> Placement:
-    """Split the host's cores evenly over the ranks on it, so ranks never oversubscribe.
+def split_shared_mask(local_rank: int, masks: Sequence[Tuple[int, ...]], bind: bool = True) -> Placement:
+    """This rank's cores: the ranks whose affinity mask equals its own split THAT mask among themselves only.
 
-    A rank whose affinity is at most its share of the host was given its own cores by its launcher
-    (mpirun --bind-to core, its default for up to 2 ranks; srun --cpu-bind; msrun --bind_core); it
-    keeps them. A wider affinity is shared with the other local ranks (no binding, a Slurm or
-    container cpuset, mpirun's --bind-to socket for more than 2 ranks), so rank r takes the r-th slice
-    of it, bound when `bind` is set.
+    Launchers leave a group of local ranks one mask: mpirun's --bind-to socket (its default above 2
+    ranks) gives each socket's ranks that socket; a Slurm or container cpuset, or no binding, gives all
+    of them the same cores. Splitting each group's mask over the group alone leaves no core idle and
+    none shared: 8 ranks on 2 sockets x 32 cores get 8 cores each, not 4 (half the host idle) as a split
+    of one socket over all 8 ranks would. A rank alone with its mask (--bind-to core, srun --cpu-bind)
+    was placed by its launcher and keeps it. Cores that do not divide evenly go one each to the
+    group's first ranks.
+
+    Args:
+        local_rank: this rank's index on the host.
+        masks: every local rank's affinity mask (sorted core ids), by local rank (`local_masks`).
+        bind: bind this rank to its slice (else only size its threads).
+    """
+    mine = masks[local_rank]
+    if len(masks) <= 1:
+        return Placement(len(mine))
+    group = [rank for rank, mask in enumerate(masks) if mask == mine]
+    if len(group) == 1:
+        return Placement(len(mine), mine, "launcher")
+    per_rank, extra = divmod(len(mine), len(group))
+    if per_rank == 0:  # more ranks than cores in the mask: nothing to split
+        return Placement(1)
+    index = group.index(local_rank)
+    start = index * per_rank + min(index, extra)
+    cores = mine[start:start + per_rank + (index < extra)]
+    return Placement(len(cores), cores, "msdist") if bind else Placement(len(cores))
+
+
+def assumed_masks(mine: Tuple[int, ...], local_rank: int, local_world_size: int, host: int) -> List[Tuple[int, ...]]:
+    """The local ranks' masks as one rank guesses them when it cannot learn them (no job key, a peer that did
+    not arrive): a mask at most its share of the host was the launcher's per-rank binding (the others have
+    their own); a wider one is shared by every local rank."""
+    if len(mine) * local_world_size <= host:
+        return [mine if rank == local_rank else (-1 - rank,) for rank in range(local_world_size)]  # distinct
+    return [mine] * local_world_size
+
+
+def local_masks(mine: Tuple[int, ...], local_rank: int, local_world_size: int,
+                exchange_key: str) -> List[Tuple[int, ...]]:
+    """Every local rank's affinity mask, learnt before MindSpore loads through the per-host file exchange keyed
+    by the job (`local_exchange`); `assumed_masks` when there is no key or a rank does not arrive."""
+    exchanged = None
+    if exchange_key:
+        folder = local_exchange.folder_for("cores", exchange_key)
+        exchanged = local_exchange.exchange(folder, local_rank, local_world_size, ",".join(map(str, mine)))
+    if exchanged is None:
+        return assumed_masks(mine, local_rank, local_world_size, host_cores())
+    return [tuple(int(c) for c in text.split(",") if c) for text in exchanged]
+
+
+def place_rank(local_rank: int, local_world_size: int, bind: bool = True, exchange_key: str = "") -> Placement:
+    """This rank's threads and cores, so the ranks on a host neither oversubscribe nor leave cores idle.
+
+    Args:
+        exchange_key: `local_exchange.job_key` of this job ("" = the others' masks are guessed).
     """
     cores = usable_cores()
     if local_world_size <= 1:
         return Placement(len(cores))
-    if len(cores) * local_world_size <= host_cores():
-        return Placement(len(cores), cores, "launcher")
-    per_rank = len(cores) // local_world_size
-    if per_rank == 0:  # more ranks than cores: nothing to split
-        return Placement(1)
-    if not bind:
-        return Placement(per_rank)
-    return Placement(per_rank, cores[local_rank * per_rank:(local_rank + 1) * per_rank], "msdist")
+    return split_shared_mask(local_rank, local_masks(cores, local_rank, local_world_size, exchange_key), bind)
 
 
 def needs_cpu_isa(device_target: str) -> bool:
@@ -155,7 +200,8 @@ def _cache_is_warm(cache_dir: str, rank: int) -> bool:
 
 
 def prepare(verbose: bool = False, cpu_isa: str = "auto", local_world_size: int = 1, *, local_rank: int = 0,
-            rank: int = 0, bind_cores: bool = True, compile_cache: str = "", device_target: str = "auto") -> RuntimeInfo:
+            rank: int = 0, bind_cores: bool = True, compile_cache: str = "", device_target: str = "auto",
+            exchange_key: str = "") -> RuntimeInfo:
     """Set logging, kernel ISA, threads, core binding and compile cache for this process.
 
     Call before importing mindspore.
@@ -170,6 +216,8 @@ def prepare(verbose: bool = False, cpu_isa: str = "auto", local_world_size: int 
         compile_cache: directory for MindSpore's compile cache (see `compile_cache_dir`); "" = off.
         device_target: the device decision ("CPU", "GPU" or "auto"); on GPU the oneDNN ISA is left alone
             and never probed (the probe times CPU convolutions in subprocesses).
+        exchange_key: `local_exchange.job_key` of this job: the local ranks learn each other's affinity
+            masks through it ("" = guessed, `assumed_masks`).
     """
     if "mindspore" in sys.modules:
         _logger.warning("runtime.prepare() called after mindspore was imported; ISA and thread settings may not apply")
@@ -180,7 +228,7 @@ def prepare(verbose: bool = False, cpu_isa: str = "auto", local_world_size: int 
     isa, source = choose_cpu_isa(cpu_isa) if needs_cpu_isa(device_target) else ("", "not used on GPU")
     if isa:
         os.environ["ONEDNN_MAX_CPU_ISA"] = isa
-    place = place_rank(local_rank, local_world_size, bind_cores)
+    place = place_rank(local_rank, local_world_size, bind_cores, exchange_key)
     os.environ["OMP_NUM_THREADS"] = str(place.threads)
     if place.bound_by == "msdist":
         # Before MindSpore starts its threads, so every thread it creates inherits the mask.

@@ -17,16 +17,19 @@ benchmarks, which use MindSpore's dataset engine without a context, take step 4 
 `runtime.prepare_tool`, below run/ so that the data face imports nothing above data/.
 """
 import argparse
+import logging
 import os
 from dataclasses import dataclass
 from typing import Callable, Sequence, Tuple
 
 from msdist.base import launch_env
 from msdist.base.errors import ConfigError, alike_on_every_rank
-from msdist.cluster import device, distributed, job, runtime
+from msdist.cluster import device, distributed, job, local_exchange, runtime
 from msdist.data import pipeline, plan
 from msdist.engine import precision
-from msdist.run import config, options
+from msdist.run import config, options, recipe
+
+_logger = logging.getLogger(__name__)
 
 Check = Callable[[argparse.Namespace, int], None]  # (config, world size) -> raises a UserError
 
@@ -43,6 +46,7 @@ class Started:
     launch: launch_env.LaunchEnv
     rt: runtime.RuntimeInfo
     device: device.DevicePlan   # from the host's files; distributed.init confirms a GPU with MindSpore
+    warnings: Tuple[str, ...] = ()  # the recipe review's (`recipe.review`), logged by rank 0 once logging is up
 
 
 def check_model(cfg, world_size: int) -> None:
@@ -135,16 +139,21 @@ def decide_device(cfg, launch: launch_env.LaunchEnv, probe: device.GpuProbe) -> 
     """This rank's device, from the host's GPU facts; the device or the launch known to fail is one line.
 
     Raises:
-        ConfigError: `device.plan_device` or `job.check_launch` refuse.
+        ConfigError: `device.plan_device`, `device.gpu_sharing` or `job.check_launch` refuse.
     """
     chosen = device.plan_device(cfg.device_target, launch.local_rank, probe)
+    if chosen.target == "GPU":
+        device.gpu_sharing(launch.launcher, launch.local_world_size, probe, os.environ)
     job.check_launch(launch, os.environ, chosen.target)
     return chosen
 
 
 def start(argv=None, *, options: Sequence[config.Option] = config.TRAIN_OPTIONS, prog: str = "msdist.train",
-          checks: Sequence[Check] = TRAIN_CHECKS, compile_cache: bool = False) -> Started:
+          checks: Sequence[Check] = TRAIN_CHECKS, compile_cache: bool = False, review_recipe: bool = False) -> Started:
     """Steps 1-4: parse, check without MindSpore, set the runtime environment. MindSpore is not loaded yet.
+
+    Args:
+        review_recipe: training: refuse a recipe the device cannot run and keep its warnings (`recipe.review`).
 
     A process that msrun started as MindSpore's scheduler (MS_ROLE=MS_SCHED) serves as the scheduler
     here and exits with the job.
@@ -159,11 +168,13 @@ def start(argv=None, *, options: Sequence[config.Option] = config.TRAIN_OPTIONS,
         cfg = config.parse(argv, options, prog=prog)
     run_checks(cfg, launch.world_size, checks)
     chosen = decide_device(cfg, launch, device.host_probe(os.environ))
+    warnings = tuple(recipe.review(cfg, launch.world_size, chosen.target)) if review_recipe else ()
     rt = runtime.prepare(cfg.verbose, cfg.cpu_isa, launch.local_world_size, local_rank=launch.local_rank,
                          rank=launch.rank, bind_cores=cfg.bind_cores,
+                         exchange_key=local_exchange.job_key(launch.launcher, launch.job_id, os.environ),
                          compile_cache=compile_cache_path(cfg, launch.world_size, chosen.target) if compile_cache else "",
                          device_target=chosen.target)
-    return Started(cfg, launch, rt, chosen)
+    return Started(cfg, launch, rt, chosen, warnings)
 
 
 def join(started: Started, log_dir: str, log_name: str = "rank") -> Tuple[distributed.DistInfo,
@@ -179,6 +190,8 @@ def join(started: Started, log_dir: str, log_name: str = "rank") -> Tuple[distri
     dist = distributed.init(started.launch, started.device.target, log_dir, cfg.deterministic)
     runtime.configure_mindspore(started.rt)
     setup_logging(log_dir, dist.rank, console=dist.is_main, name=log_name)
+    for warning in started.warnings:  # the console is rank 0's only: one line per warning for the job
+        _logger.warning("warning: %s", warning)
     return dist, distributed.Collectives(dist.world_size)
 
 

@@ -1,0 +1,77 @@
+"""Is this training recipe right for the device and world size it runs on? MindSpore-free.
+
+One review, shared by the start-up of `msdist.train` (its warnings logged once, by rank 0) and by
+`python -m msdist.check --plan` (printed before the job starts), so the two never disagree:
+
+* refused (`check_amp_dtype`): bfloat16 on GPU. MindSpore's GPU Conv2D registers float32 and float16
+  kernels only (mindspore-ai/mindspore plugin/device/gpu/kernel/nn/convolution/conv2d_forward_gpu_kernel.cc
+  lines 23-30, `Conv2dFwdGpuKernelMod::GetFuncList`, commit 384f67e7), so an O2/O3 bfloat16 ResNet fails
+  at kernel selection, after the ranks have started and compiled;
+* warned (`recipe_warnings`): a recipe that runs but trains badly. BatchNorm normalizes over each
+  rank's own images unless `sync_bn` is on, and under 16 images its batch statistics are noise (the
+  seed's 32 images over 8 GPUs leave 4); a fixed loss scale other than 1 where float16 carries
+  gradients stops the run at its first overflow, which a dynamic scale skips instead.
+"""
+from typing import List, Union
+
+from msdist.base.errors import ConfigError
+from msdist.engine import precision
+from msdist.run import options
+
+# Below this many images per rank, per-rank BatchNorm statistics are too noisy to train well: the
+# smallest per-GPU batch that torchvision's and timm's ResNet recipes use without SyncBatchNorm.
+MIN_BN_BATCH = 16
+
+
+def check_amp_dtype(amp_level: str, amp_dtype: str, device_target: str) -> None:
+    """Refuse bfloat16 on GPU, where MindSpore has no bfloat16 convolution.
+
+    Args:
+        amp_level: the resolved amp level (O0 casts nothing, so any amp_dtype is harmless there).
+        amp_dtype: float16 or bfloat16.
+        device_target: the resolved device, CPU or GPU.
+
+    Raises:
+        ConfigError: bfloat16 at O2/O3 on GPU.
+    """
+    if device_target == "GPU" and amp_level != "O0" and amp_dtype == "bfloat16":
+        raise ConfigError(f"--amp_dtype bfloat16 with amp {amp_level} on GPU: MindSpore 2.10's GPU Conv2D has float32 "
+                          "and float16 kernels only; use --amp_dtype float16 (with --loss_scale auto)")
+
+
+def recipe_warnings(plan: options.StepPlan, *, batch_size: int, world_size: int, sync_bn: bool) -> List[str]:
+    """One line per known weakness of this recipe on this device and world size, with numbers and the fix.
+
+    Args:
+        plan: the train step's plan (`options.step_plan`): its micro-batch is what each rank's BatchNorm
+            normalizes over, its loss scale the resolved one.
+    """
+    found = []
+    if world_size > 1 and not sync_bn and plan.micro_batch < MIN_BN_BATCH:
+        accum = f" / {plan.accum_steps} micro-batches" if plan.accum_steps > 1 else ""
+        found.append(f"BatchNorm sees {plan.micro_batch} images per rank (batch_size {batch_size} / {world_size} "
+                     f"ranks{accum}), under {MIN_BN_BATCH}: its statistics are noise; raise --batch_size to at "
+                     f"least {MIN_BN_BATCH * world_size * plan.accum_steps} or pass --sync_bn true")
+    # `auto` scales dynamically exactly where float16 carries gradients (engine/precision.py's rule)
+    float16_grads = precision.loss_scale_plan("auto", plan.amp_level, plan.amp_dtype, plan.grad_compression).dynamic
+    if float16_grads and not plan.loss_scale.dynamic and plan.loss_scale.initial != 1:
+        found.append(f"float16 gradients with the fixed loss scale {plan.loss_scale.initial:g}: the run stops at its "
+                     "first overflow; use --loss_scale auto (dynamic: an overflowing step is skipped and the scale "
+                     "halved)")
+    return found
+
+
+def review(cfg, world_size: int, device_target: str) -> List[str]:
+    """The recipe review of one run: refusals raised, warnings returned (the same at start-up and in --plan).
+
+    Args:
+        cfg: the training options.
+        world_size: ranks in the job.
+        device_target: the resolved device, CPU or GPU.
+
+    Raises:
+        ConfigError: `check_amp_dtype`.
+    """
+    plan = options.step_plan(cfg, device_target, world_size)
+    check_amp_dtype(plan.amp_level, plan.amp_dtype, device_target)
+    return recipe_warnings(plan, batch_size=cfg.batch_size, world_size=world_size, sync_bn=cfg.sync_bn)
