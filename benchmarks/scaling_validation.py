@@ -1,0 +1,276 @@
+"""docs/scaling.md's two tables: `python benchmarks/scaling_validation.py [--part published|local|all]`.
+
+published: msdist.plan_scale's model (msdist/run/forecast.py, the constants of msdist/run/hardware.py, the real
+  buckets of ResNet-50 / ResNet-101 at 224 px, 1000 classes) against published multi-GPU runs, with the
+  relative error. No constant is fitted to these points; one set per GPU and link preset.
+local: the same model on what this host runs. mccl's all-reduce over loopback is timed for 64 KB..128 MB at 2
+  and 4 ranks (mpirun) and one alpha-beta "link" is fitted to all points; each rank's compute is measured as
+  R concurrent 1-rank msdist.train runs, each pinned to one core as mpirun pins ranks (so at the per-rank
+  thread count, sharing the cores as the ranks do); the forecast of the R-rank step is compared with a real
+  `mpirun -n R python -m msdist.train` of the same shapes. The host is shared: `uptime` is printed with
+  every figure, and every time is the lowest of its repeats (steps, all-reduces), since other load only adds.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+import throughput  # noqa: E402  (benchmarks/ is this script's directory: one child runner, one log parser)
+from msdist.run import forecast, hardware  # noqa: E402
+from msdist.engine import buckets  # noqa: E402
+from msdist.run.forecast import Compute, Gradients, Network  # noqa: E402
+
+SIZES = tuple(64 * 1024 * 4 ** i for i in range(6)) + (128 * 2 ** 20,)  # 64 KB .. 64 MB, 128 MB
+LOCAL_MODELS = ("resnet18", "resnet50")
+LOCAL_IMAGE_SIZE, LOCAL_PER_RANK_BATCH, LOCAL_CLASSES = 64, 8, 4
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+# ------------------------------------------------------------------------------------------ published runs
+
+# name, model, gpu, precision, batch per GPU, GPUs per node, links, N, published img/s at N (or efficiency), note
+PUBLISHED = (
+    ("DLE RN50 8xA100 TF32", "resnet50", "A100", "fp32", 256, 8, "nvlink-a100", 8, 7248, "img/s"),
+    ("DLE RN50 8xA100 AMP", "resnet50", "A100", "amp", 256, 8, "nvlink-a100", 8, 16621, "img/s"),
+    ("DLE RN50 8xV100 FP32", "resnet50", "V100", "fp32", 112, 8, "nvlink-v100", 8, 2855, "img/s"),
+    ("DLE RN50 8xV100 AMP", "resnet50", "V100", "amp", 256, 8, "nvlink-v100", 8, 8322, "img/s"),
+    ("TF 2017 RN50 8xK80 (1 node)", "resnet50", "K80", "fp32", 64, 8, "pcie,eth10", 8, 378, "img/s"),
+    ("TF 2017 RN50 16xK80", "resnet50", "K80", "fp32", 64, 8, "pcie,eth10", 16, 751, "img/s"),
+    ("TF 2017 RN50 32xK80", "resnet50", "K80", "fp32", 64, 8, "pcie,eth10", 32, 1388, "img/s"),
+    ("TF 2017 RN50 64xK80", "resnet50", "K80", "fp32", 64, 8, "pcie,eth10", 64, 2744, "img/s"),
+    ("Goyal 2017 RN50 8->256 P100", "resnet50", "P100", "fp32", 32, 8, "pcie,eth50", 256, 0.90, "efficiency vs 8"),
+    ("Horovod RN101 512 P100 25GbE", "resnet101", "P100", "fp32", 64, 4, "pcie,eth25", 512, 0.90, "efficiency vs 1"),
+)
+
+
+def _weak_rows(grads, gpu: str, model: str, prec: str, batch: int, per_node: int, links: str, scales) -> list:
+    rate = hardware.gpu_throughput(gpu, model, prec)
+    intra, inter = hardware.links(links, gpu)
+    compute = Compute(1000 / rate.images_per_sec, hardware.HOST_OVERHEAD_MS)
+    return forecast.forecast("none", grads, compute, Network(intra, inter, per_node), batch, batch, 0.0,
+                             scales=scales).rows
+
+
+def published_rows() -> list:
+    from msdist.run.network_cost import network_gradients
+    grads = {m: network_gradients(m, 1000, hardware.REFERENCE_SIZE, "auto") for m in ("resnet50", "resnet101")}
+    rows = []
+    for name, model, gpu, prec, batch, per_node, links, n, published, unit in PUBLISHED:
+        base = 8 if unit == "efficiency vs 8" else 1
+        last = _weak_rows(grads[model], gpu, model, prec, batch, per_node, links, (base, n))[-1]
+        predicted = last.images_per_sec if unit == "img/s" else last.efficiency
+        rows.append({"run": name, "N": n, "unit": unit, "published": published, "predicted": predicted,
+                     "error": predicted / published - 1, "exposed_ms": last.exposed_ms, "step_ms": last.step_ms})
+    return rows
+
+
+def print_published(rows: list) -> None:
+    print(f"{'run':<32}{'N':>5} {'unit':<17}{'published':>10}{'predicted':>11}{'error':>8}{'step ms':>9}{'exposed':>9}")
+    for r in rows:
+        fmt = ".0f" if r["unit"] == "img/s" else ".3f"
+        print(f"{r['run']:<32}{r['N']:>5} {r['unit']:<17}{r['published']:>10{fmt}}{r['predicted']:>11{fmt}}"
+              f"{r['error']:>+8.1%}{r['step_ms']:>9.1f}{r['exposed_ms']:>9.2f}")
+
+
+# ---------------------------------------------------------------------------------------------- this host
+
+def worker_allreduce(sizes: str, reps: str) -> None:
+    """Seconds of one mccl AllReduce of each size (float32), lowest of `reps` after a warm-up; run under mpirun.
+
+    Rank 0 prints them; every rank then leaves the job as msdist.train does (distributed.finish, no teardown).
+    """
+    from msdist.cluster import distributed, runtime
+    from msdist.run import startup
+    started = startup.start(["--device_target", "CPU"], options=startup.RUNTIME_OPTIONS, prog="scaling_validation",
+                            checks=())
+    import numpy as np
+    import mindspore as ms
+    from mindspore import nn, ops
+
+    class Reduce(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.op = ops.AllReduce()
+
+        def construct(self, x):
+            return self.op(x)
+
+    dist, collectives = startup.join(started, tempfile.mkdtemp(prefix="msdist-scaling-"))
+    reduce, seconds = Reduce(), {}
+    for nbytes in map(int, sizes.split(",")):
+        x = ms.Tensor(np.ones(nbytes // 4, np.float32))
+        reduce(x).asnumpy()
+        times = []
+        for _ in range(int(reps)):
+            start = time.perf_counter()
+            reduce(x).asnumpy()
+            times.append(time.perf_counter() - start)
+        seconds[nbytes] = min(times)
+    if dist.is_main:
+        print("RESULT " + json.dumps({"world": dist.world_size, "seconds": seconds}), flush=True)
+    distributed.finish(started.launch, dist, collectives)
+    runtime.exit_without_teardown(0)
+
+
+def sweep(ranks: int, reps: int) -> dict:
+    cmd = ["mpirun", "-n", str(ranks), "--oversubscribe", sys.executable, os.path.abspath(__file__), "--worker",
+           "allreduce", ",".join(map(str, SIZES)), str(reps)]
+    out, _, _ = throughput.run_child(cmd, throughput._env(), "--worker", 1800)
+    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    return {int(k): v for k, v in result["seconds"].items()}
+
+
+def fit_link(points: list) -> hardware.Link:
+    """t = latency + x / busbw over (ranks, bytes, seconds), x = 2(n-1)/n * bytes, by least squares of the RELATIVE
+    residuals (weights 1/t^2): sizes span 2000x, so plain least squares would hear only the largest ones, and
+    one loaded 128 MB point could set the latency."""
+    xs = [2 * (n - 1) / n * b for n, b, _ in points]
+    ws = [1 / t ** 2 for _, _, t in points]
+    ts = [t for _, _, t in points]
+    sw, sx, sxx = sum(ws), sum(w * x for w, x in zip(ws, xs)), sum(w * x * x for w, x in zip(ws, xs))
+    st, sxt = sum(w * t for w, t in zip(ws, ts)), sum(w * x * t for w, x, t in zip(ws, xs, ts))
+    slope = (sw * sxt - sx * st) / (sw * sxx - sx * sx)
+    latency = max(0.0, (st - slope * sx) / sw)
+    return hardware.Link("loopback (fitted)", 1 / slope / 1e9, latency * 1e6, "fitted to mccl over loopback, here")
+
+
+def _train_cmd(model: str, ranks_batch: int, out: str, data_dir: str, steps: int) -> list:
+    return [sys.executable, "-m", "msdist.train", "--model", model, "--image_size", str(LOCAL_IMAGE_SIZE),
+            "--batch_size", str(ranks_batch), "--data_dir", data_dir, "--output_dir", out, "--log_every", "1",
+            "--epochs", "1", "--max_steps", str(steps), "--eval_every_epochs", "0"]
+
+
+def _fastest_step(out: str, ranks: int, skip: int = 2) -> float:
+    """The lowest s/step of the run's ranks after the first `skip` steps."""
+    return min(s for r in range(ranks) for s, _ in throughput._step_lines(out, r)[skip - 1:])
+
+
+def concurrent_compute(model: str, ranks: int, data_dir: str, steps: int, root: str) -> float:
+    """s/step of `ranks` simultaneous 1-rank runs at the per-rank batch, each pinned to one core (the slowest run's
+    fastest step: a rank of the real job waits for the slowest)."""
+    cores = len(os.sched_getaffinity(0))
+    procs, outs = [], []
+    for i in range(ranks):
+        out = os.path.join(root, f"{model}_alone{ranks}_{i}")
+        cmd = ["taskset", "-c", str(sorted(os.sched_getaffinity(0))[i % cores])] + _train_cmd(
+            model, LOCAL_PER_RANK_BATCH, out, data_dir, steps)
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=throughput._env(), stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
+        outs.append(out)
+    if any(p.wait(timeout=3600) for p in procs):
+        raise RuntimeError(f"a concurrent {model} run failed; see {root}")
+    return max(_fastest_step(out, 1) for out in outs)
+
+
+def measured_step(model: str, ranks: int, data_dir: str, steps: int, root: str) -> float:
+    out = os.path.join(root, f"{model}_mpirun{ranks}")
+    cmd = ["mpirun", "-n", str(ranks), "--oversubscribe"] + _train_cmd(model, LOCAL_PER_RANK_BATCH * ranks, out,
+                                                                         data_dir, steps)
+    throughput.run_child(cmd, throughput._env(), "msdist.train", 3600)
+    return _fastest_step(out, ranks)
+
+
+def measure_local(data_dir: str, steps: int, reps: int, rounds: int) -> dict:
+    """mccl's all-reduce at 2 and 4 ranks, then per model and rank count `rounds` alternations of (concurrent 1-rank
+    runs, the real mpirun job): other jobs' load comes and goes between runs, so each kind's lowest is kept."""
+    from msdist.run import config
+    sweeps = {}
+    for ranks in (2, 4):
+        sweeps[ranks] = {"seconds": sweep(ranks, reps), "uptime": uptime()}
+        print(f"mccl all-reduce, {ranks} ranks ({sweeps[ranks]['uptime']}):", ", ".join(
+            f"{b / 2**20:g} MB {t * 1000:.1f} ms" for b, t in sweeps[ranks]["seconds"].items()), flush=True)
+    runs, root = [], tempfile.mkdtemp(prefix="msdist-scaling-")
+    for model in LOCAL_MODELS:
+        for ranks in (2, 4):
+            alone, measured, loads = [], [], []
+            for r in range(rounds):
+                alone.append(concurrent_compute(model, ranks, data_dir, steps, os.path.join(root, f"round{r}")))
+                loads.append(uptime())
+                measured.append(measured_step(model, ranks, data_dir, steps, os.path.join(root, f"round{r}")))
+                loads.append(uptime())
+            runs.append({"model": model, "ranks": ranks, "compute_rounds_s": alone, "measured_rounds_s": measured,
+                         "uptimes": loads})
+            print(f"{model} {ranks} ranks: compute alone {alone} s/step, real job {measured} s/step", flush=True)
+    fusion = next(o.default for o in config.TRAIN_OPTIONS if o.name == "allreduce_fusion")  # what training ran
+    return {"sweeps": sweeps, "runs": runs, "allreduce_fusion": fusion}
+
+
+def predict_local(measured: dict) -> dict:
+    """The fitted loopback link and, per run, compute + exposed all-reduce against the real job's step."""
+    from msdist.run.network_cost import network_gradients
+    sweeps = {int(n): {int(b): t for b, t in s["seconds"].items()} for n, s in measured["sweeps"].items()}
+    link = fit_link([(n, b, t) for n, s in sweeps.items() for b, t in s.items()])
+    print(f"fitted loopback link: busbw {link.busbw_gbs * 1000:.0f} MB/s, latency {link.latency_us:.0f} us")
+    rows, grads = [], {}
+    for run in measured["runs"]:
+        model, ranks = run["model"], run["ranks"]
+        if model not in grads:
+            grads[model] = network_gradients(model, LOCAL_CLASSES, LOCAL_IMAGE_SIZE, measured["allreduce_fusion"])
+        alone, real = min(run["compute_rounds_s"]), min(run["measured_rounds_s"])
+        # The concurrent runs' step already holds msdist's host work; the exchange is what the forecast adds.
+        compute = Compute(alone * 1000 / LOCAL_PER_RANK_BATCH, 0.0)
+        g = grads[model]
+        # Without all-reduce fusion on CPU (MindSpore before #32 item 4), each parameter is its own all-reduce.
+        per_parameter = Gradients(buckets.cut_after(g.sizes, range(len(g.sizes) - 1)), g.sizes, g.costs)
+        row, per_row = (forecast.forecast("none", plan, compute, Network(link, link, ranks), 0, LOCAL_PER_RANK_BATCH,
+                                          0.0, scales=(ranks,)).rows[0] for plan in (g, per_parameter))
+        rows.append({**run, "compute_s": alone, "exposed_s": row.exposed_ms / 1000, "predicted_s": row.step_ms / 1000,
+                     "measured_s": real, "error": row.step_ms / 1000 / real - 1,
+                     "per_parameter_predicted_s": per_row.step_ms / 1000,
+                     "per_parameter_error": per_row.step_ms / 1000 / real - 1})
+    print_local(rows)
+    return {"link": link.__dict__, "rows": rows}
+
+
+def print_local(rows: list) -> None:
+    for r in rows:
+        print(f"{r['model']:<9} {r['ranks']} ranks: compute {r['compute_s']:.3f} s + exposed all-reduce "
+              f"{r['exposed_s']:.3f} s = predicted {r['predicted_s']:.3f} s/step, measured {r['measured_s']:.3f} "
+              f"({r['error']:+.1%}); one all-reduce per parameter: {r['per_parameter_predicted_s']:.3f} "
+              f"({r['per_parameter_error']:+.1%}) | rounds: compute {r['compute_rounds_s']}, measured {r['measured_rounds_s']} | "
+              f"load after each run: {' ; '.join(u.split('load average: ')[-1] for u in r['uptimes'])}", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--part", choices=("published", "local", "all"), default="all")
+    parser.add_argument("--data_dir", default=throughput.DATA_DIR)
+    parser.add_argument("--steps", type=int, default=10, help="training steps per local run (the first two untimed)")
+    parser.add_argument("--reps", type=int, default=5, help="timed all-reduces per size")
+    parser.add_argument("--rounds", type=int, default=2, help="alternations of compute-alone and real runs")
+    parser.add_argument("--reuse", default="", help="local: recompute the predictions from the measurements in this "
+                        "--json file of an earlier run instead of measuring again")
+    parser.add_argument("--json", default="", help="also write everything here")
+    parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker_allreduce(*args.worker[1:])
+    report = {"uptime_start": uptime()}
+    if args.part in ("published", "all"):
+        report["published"] = published_rows()
+        print_published(report["published"])
+    if args.part in ("local", "all"):
+        if args.reuse:
+            with open(args.reuse, encoding="utf-8") as f:
+                report["local_measured"] = json.load(f)["local_measured"]
+        else:
+            report["local_measured"] = measure_local(args.data_dir, args.steps, args.reps, args.rounds)
+        report["local"] = predict_local(report["local_measured"])
+    report["uptime_end"] = uptime()
+    print(f"load: start {report['uptime_start']} | end {report['uptime_end']}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""The step-time model behind `python -m msdist.plan_scale`: compute, the gradient exchange, what backward hides.
+
+One step on each of N GPUs = forward + backward of the per-GPU batch (`Compute`), then whatever part of the
+gradient exchange is still running when backward ends (exposed communication), plus msdist's host work.
+
+- An all-reduce of B bytes over n ranks on one link costs `latency + 2(n-1)/n * B / busbw` (ring, alpha-beta).
+  Across nodes it is hierarchical: the all-reduce inside each node, then one across the nodes, whose link
+  carries the node's whole share (`hierarchical_allreduce_seconds`).
+- An AllGather of s bytes per rank costs `latency + (n-1) * s / busbw` per level: it grows with N, which is
+  what top-K and threshold pay (`allgather_seconds`).
+- Each exchange is a `Message`: ready when backward has produced all of its gradients, sent one after the other
+  on one stream. Backward produces the last layers first, and a parameter's share of backward time is its
+  share of the network's multiply-adds (`backward_cost`), so a bucket of the last layers is ready early.
+
+Pure arithmetic, MindSpore-free (the top-K sizes come from the reducer's own rule, imported when used).
+"""
+import math
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+from msdist.run.hardware import Link
+
+SCALES = tuple(2 ** i for i in range(11))  # N = 1, 2, 4, ..., 1024
+# Backward costs about twice the forward (gradients for the inputs and for the weights, each one forward's
+# multiply-adds), so it is 2/3 of a step's compute.
+BACKWARD_SHARE = 2 / 3
+TOPK_BYTES_PER_ELEMENT = (4, 4)  # msdist's top-K sends an int32 index and a float32 value per kept element
+
+
+@dataclass(frozen=True)
+class Network:
+    intra: Link
+    inter: Link
+    gpus_per_node: int
+
+
+def allreduce_seconds(nbytes: float, ranks: int, link: Link) -> float:
+    """Ring all-reduce of `nbytes` over `ranks` ranks on one link: latency + 2(n-1)/n * bytes / busbw."""
+    if ranks <= 1:
+        return 0.0
+    return link.latency_us * 1e-6 + 2 * (ranks - 1) / ranks * nbytes / (link.busbw_gbs * 1e9)
+
+
+def nodes(world: int, gpus_per_node: int) -> int:
+    return math.ceil(world / gpus_per_node)
+
+
+def hierarchical_allreduce_seconds(nbytes: float, world: int, net: Network) -> float:
+    """All-reduce inside each node (reduce-scatter + all-gather), then across nodes.
+
+    The node's GPUs reduce their 1/g shares across nodes at the same time, so the node's link carries
+    2(m-1)/m * bytes in all: the same formula with m nodes on the inter-node link.
+    """
+    local = min(world, net.gpus_per_node)
+    return allreduce_seconds(nbytes, local, net.intra) + allreduce_seconds(nbytes, nodes(world, local), net.inter)
+
+
+def allgather_seconds(per_rank_bytes: float, world: int, net: Network) -> float:
+    """AllGather of `per_rank_bytes` from each of `world` ranks: inside each node, then across nodes.
+
+    Every GPU ends with world * s bytes: inside a node it receives (g-1) of every node's shares, and the
+    node's link brings in (m-1) nodes' g shares.
+    """
+    if world <= 1:
+        return 0.0
+    local = min(world, net.gpus_per_node)
+    m = nodes(world, local)
+    inside = net.intra.latency_us * 1e-6 + (local - 1) * m * per_rank_bytes / (net.intra.busbw_gbs * 1e9)
+    if m == 1:
+        return inside
+    return inside + net.inter.latency_us * 1e-6 + (m - 1) * local * per_rank_bytes / (net.inter.busbw_gbs * 1e9)
+
+
+@dataclass(frozen=True)
+class Message:
+    """One collective: `ready` = share of backward done when its gradients are all there (0..1)."""
+    ready: float
+    seconds: float
+
+
+def exposed_seconds(messages: Sequence[Message], backward_s: float) -> float:
+    """Communication still running when backward ends; `messages` in send order, one at a time on one stream."""
+    end = 0.0
+    for m in messages:
+        end = max(end, m.ready * backward_s) + m.seconds
+    return max(0.0, end - backward_s)
+
+
+def backward_done(costs: Sequence[float]) -> List[float]:
+    """For each parameter (forward order): the share of backward done once its gradient exists.
+
+    Backward runs from the last parameter to the first, so parameter i's gradient is ready after the cost of
+    parameters i..end.
+    """
+    total = sum(costs) or 1.0
+    done, after = [], 0.0
+    for cost in reversed(costs):
+        after += cost
+        done.append(after / total)
+    return done[::-1]
+
+
+@dataclass(frozen=True)
+class Gradients:
+    """What the exchange works on: the buckets (send order) and every parameter in forward order."""
+    buckets: Sequence  # engine.buckets.Bucket, send order
+    sizes: Sequence[Tuple[str, int]]  # (name, float32 bytes), forward order
+    costs: Sequence[float]  # backward cost of each parameter (its layer's multiply-adds), forward order
+
+    def bucket_messages(self, world: int, net: Network, bytes_scale: float = 1.0) -> List[Message]:
+        """The all-reduce of every bucket, in send order, each ready when its first parameter's gradient is."""
+        done = backward_done(self.costs)
+        return [Message(done[b.first], hierarchical_allreduce_seconds(b.nbytes * bytes_scale, world, net))
+                for b in self.buckets]
+
+    def topk_messages(self, world: int, net: Network, ratio: float) -> List[Message]:
+        """msdist's top-K / threshold: per tensor, from the last, an AllGather of indices and one of values."""
+        from msdist.engine.reducers import kept_elements  # the reducer's own rule for K (loads MindSpore)
+        done = backward_done(self.costs)
+        messages = []
+        for i in reversed(range(len(self.sizes))):
+            kept = kept_elements(self.sizes[i][1] // 4, ratio)
+            seconds = sum(allgather_seconds(kept * width, world, net) for width in TOPK_BYTES_PER_ELEMENT)
+            messages.append(Message(done[i], seconds))
+        return messages
+
+
+EXCHANGES = ("none", "fp16", "topk")
+
+
+def messages_for(exchange: str, grads: Gradients, world: int, net: Network, topk_ratio: float) -> List[Message]:
+    if exchange == "topk":
+        return grads.topk_messages(world, net, topk_ratio)
+    return grads.bucket_messages(world, net, 0.5 if exchange == "fp16" else 1.0)
+
+
+@dataclass(frozen=True)
+class Compute:
+    """One GPU's forward + backward per image, and msdist's host work per step."""
+    ms_per_image: float
+    host_ms: float
+    accum_steps: int = 1
+
+
+@dataclass(frozen=True)
+class Row:
+    gpus: int
+    nodes: int
+    per_gpu_batch: float
+    compute_ms: float
+    exposed_ms: float
+    step_ms: float
+    images_per_sec: float
+    efficiency: float
+    input_cores_per_gpu: float
+    dominated: bool  # exposed communication >= compute
+
+
+@dataclass
+class Forecast:
+    exchange: str
+    rows: List[Row] = field(default_factory=list)
+
+    def first_dominated(self) -> Optional[int]:
+        """The first N where the exposed exchange takes at least as long as the compute; None within the table."""
+        return next((r.gpus for r in self.rows if r.dominated), None)
+
+
+def forecast(exchange: str, grads: Gradients, compute: Compute, net: Network, global_batch: int,
+             per_gpu_batch: Optional[int], input_us: float, topk_ratio: float = 0.01,
+             scales: Sequence[int] = SCALES) -> Forecast:
+    """Rows for N in `scales`: weak scaling with `per_gpu_batch`, else the global batch kept (strong scaling).
+
+    Efficiency is images/s per GPU against the first row's (N = 1 in the default scales). Strong scaling stops
+    where the global batch no longer gives every GPU one image.
+    """
+    result = Forecast(exchange)
+    first_per_gpu = None
+    for n in scales:
+        batch = per_gpu_batch if per_gpu_batch else global_batch / n
+        if batch < 1:
+            break
+        compute_s = batch * compute.ms_per_image / 1000
+        # Only the last micro-batch's backward can hide the exchange: the reduction waits for the accumulation.
+        window = compute_s / compute.accum_steps * BACKWARD_SHARE
+        exposed = exposed_seconds(messages_for(exchange, grads, n, net, topk_ratio), window)
+        step = compute_s + exposed + compute.host_ms / 1000
+        rate = n * batch / step
+        first_per_gpu = first_per_gpu or rate / n
+        result.rows.append(Row(n, nodes(n, net.gpus_per_node), batch, compute_s * 1000, exposed * 1000, step * 1000,
+                               rate, rate / n / first_per_gpu, batch / step * input_us / 1e6, exposed >= compute_s))
+    return result
