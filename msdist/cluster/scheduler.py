@@ -28,7 +28,7 @@ import threading
 import time
 from typing import List
 
-from msdist.cluster import heartbeat, registration, rendezvous
+from msdist.cluster import heartbeat, preemption, registration, rendezvous
 
 _GRACE_AFTER_PARENT_S = 3.0
 _JOB_GONE_S = 3.0   # no worker connected and no sibling worker alive for this long: the job is over
@@ -45,6 +45,8 @@ def _die_with_parent(sig: int) -> None:
 
 def _run_scheduler() -> None:
     _die_with_parent(signal.SIGKILL)
+    for sig in preemption.CANDIDATES:  # the ranks save through this scheduler after a preemption notice
+        signal.signal(sig, signal.SIG_IGN)
     import mindspore as ms
     from mindspore.communication import init
 
@@ -126,11 +128,13 @@ def _watch() -> int:
     deadline = []
 
     def parent_gone(*_):
-        if not deadline:
+        # A signal while the parent lives is a scheduler's preemption notice sent to every process of the
+        # job (Slurm signals a whole step): the ranks save through this scheduler, the parent ends it later.
+        if not deadline and os.getppid() != parent:
             deadline.append(time.monotonic() + _GRACE_AFTER_PARENT_S)
 
-    signal.signal(signal.SIGTERM, parent_gone)
-    signal.signal(signal.SIGINT, parent_gone)
+    for sig in (*preemption.CANDIDATES, signal.SIGINT):
+        signal.signal(sig, parent_gone)
     while child.poll() is None:
         if not deadline and os.getppid() != parent:
             parent_gone()
@@ -193,6 +197,7 @@ def serve_job(port: int) -> int:
 
 
 if __name__ == "__main__":
+    preemption.unblock_all()  # a rank started us with its preemption signal blocked: SIGTERM must end us
     if os.environ.get(_CHILD_FLAG):
         _run_scheduler()
     else:

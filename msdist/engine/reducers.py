@@ -23,7 +23,7 @@ and residuals are in plain gradient units whatever the (dynamic) scale does; onl
 exchange gets the gradients still scaled (`reduces_scaled`), which keeps small values above float16's
 underflow.
 """
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import numpy as np
 import mindspore as ms

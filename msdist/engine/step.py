@@ -7,7 +7,6 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from models import DEFAULT_CONVENTION
-from msdist.base.errors import ConfigError
 from msdist.engine import buckets, loss_scale
 from msdist.engine.loss import SparseCrossEntropy
 

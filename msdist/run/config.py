@@ -20,7 +20,7 @@ import yaml
 from msdist.base import launch_env
 from msdist.base.args import ArgumentParser, boolean
 from msdist.base.errors import ConfigError, first_line
-from msdist.cluster import stall
+from msdist.cluster import preemption, stall
 from msdist.cluster.runtime import CPU_ISA_CHOICES
 from msdist.engine import precision
 
@@ -165,7 +165,14 @@ TRAIN_OPTIONS = [
     _opt("output_dir", str, "output", "where checkpoints, logs, config.yaml and result.json go", hashed=False),
     _opt("ckpt_prefix", str, "", "checkpoint file prefix; empty = the model name", hashed=False),
     _opt("save_every_epochs", int, 1, "save a checkpoint every N epochs (and always at the end)", min=1, hashed=False),
-    _opt("keep_checkpoint_max", int, 5, "keep the newest N checkpoints of each rank", min=1, hashed=False),
+    _opt("preempt_signal", str, "SIGTERM", "the signal that asks the job to save a checkpoint at the next step every "
+         "rank reaches and exit with status 200 (requeue), e.g. SIGUSR2 for Slurm's --signal=B:USR2@120; a second "
+         "one stops at once; SIGUSR1 (stack dumps) and SIGINT (stop now) are refused (docs/cluster.md)",
+         hashed=False, check=preemption.check_signal),
+    _opt("save_every_steps", int, 0, "also save a checkpoint every N optimizer steps, written by a background "
+         "thread (the loop waits only for an in-memory copy); 0 = off", min=0, hashed=False),
+    _opt("keep_checkpoint_max", int, 5, "keep the newest N checkpoints of each rank, whatever saved them (epochs, "
+         "steps, a preemption)", min=1, hashed=False),
     _opt("resume", str, "", "checkpoint PATH to resume from, or 'auto' for this rank's newest good one", hashed=False),
     _opt("overwrite", boolean, False, "start a new run in an output_dir that holds another run's checkpoints; "
          "the old run's ckpt/, config.yaml, result.json... move to {output_dir}/replaced-<time>/, never deleted",
