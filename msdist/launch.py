@@ -11,6 +11,7 @@ from typing import List, Optional
 from msdist.base.args import ArgumentParser
 from msdist.base.cli import cli_main
 from msdist.base.errors import ConfigError
+from msdist.cluster import preemption
 from msdist.cluster.stall import StallPolicy
 from msdist.cluster.supervisor import Plan, run, show_plan
 from msdist.run import config, startup
@@ -62,7 +63,8 @@ def parse_args(argv: Optional[List[str]] = None) -> Plan:
     startup.run_checks(cfg, ns.nproc_per_node * ns.nnodes, startup.OPTION_CHECKS)
     return Plan(ns.nproc_per_node, ns.nnodes, ns.node_rank, ns.master_addr or "127.0.0.1", ns.master_port,
                 ns.max_restarts, StallPolicy.from_options(vars(cfg)), list(train_args),
-                os.path.abspath(cfg.output_dir), cfg.data_dir, ns.plan, ns.host_root)
+                os.path.abspath(cfg.output_dir), cfg.data_dir, ns.plan, ns.host_root,
+                preemption.parse_signal(cfg.preempt_signal))
 
 
 @cli_main

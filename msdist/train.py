@@ -8,12 +8,17 @@ import os
 import tempfile
 import time
 
-from msdist.base.cli import cli_main
-from msdist.base.errors import ConfigError
-from msdist.base.files import rank_log_path
-from msdist.cluster import heartbeat, runtime, stall, watchdog
-from msdist.run import build, config, startup
-from msdist.run.result import write_result
+from msdist.cluster import preemption
+
+if __name__ == "__main__":  # first, before an import starts a thread (numpy's OpenBLAS pool): preemption.Listener
+    preemption.hold_candidates()
+
+from msdist.base.cli import cli_main  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.base.errors import ConfigError  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.base.files import rank_log_path  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.cluster import heartbeat, runtime, stall, watchdog  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.run import build, config, startup  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.run.result import write_result  # noqa: E402 pylint: disable=wrong-import-position
 
 _logger = logging.getLogger("msdist.train")
 _PROCESS_START = time.perf_counter()  # for result.json's start-to-first-step figure
@@ -57,6 +62,8 @@ def train(started: startup.Started) -> int:
     cfg, launch = started.cfg, started.launch
     replaced = _claim_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite, launch.rank == 0)
     log_dir = os.path.join(cfg.output_dir, "logs")
+    # Before any other thread starts: they inherit the blocked preemption signal.
+    listener = preemption.Listener(preemption.parse_signal(cfg.preempt_signal))
     # Beats from before cluster init, so a rank stuck there is seen too.
     beat = watchdog.watch_this_rank(log_dir, launch, stall.StallPolicy.from_options(vars(cfg)))
     dist, collectives = startup.join(started, log_dir)
@@ -72,12 +79,12 @@ def train(started: startup.Started) -> int:
     beat.enter("compile")
     model = build.build_model(cfg, dist, data, started.rt)
     beat.enter("start-up")  # resume, and the first collectives wait for the ranks still compiling
-    outcome = Trainer(cfg, dist, collectives, data, model, beat, launch.kind).fit()
+    outcome = Trainer(cfg, dist, collectives, data, model, beat, launch.kind, listener).fit()
     beat.enter("finish")
-    if dist.is_main:
+    if dist.is_main and not outcome.preempted:
         _write_result(cfg, _result(cfg, dist, data, model, outcome), outcome.newest)
     distributed.finish(launch, dist, collectives)
-    return 0
+    return preemption.REQUEUE_EXIT if outcome.preempted else 0
 
 
 def _result(cfg, dist, data: "build.Data", model: "build.Model", outcome) -> dict:

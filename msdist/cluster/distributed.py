@@ -28,7 +28,8 @@ import numpy as np
 from msdist.base import cli
 from msdist.base.errors import ConfigError, alike_on_every_rank
 from msdist.base.launch_env import LaunchEnv
-from msdist.cluster import device, job, local_exchange, rendezvous
+from msdist.cluster import device, job, local_exchange, registration, rendezvous
+from msdist.cluster.stall import StallPolicy
 
 _logger = logging.getLogger(__name__)
 # What a rank's exception says when a collective could not complete because a peer is gone or stopped.
@@ -74,8 +75,9 @@ class _ClusterBridge:
     (msdist.cluster.scheduler makes sure it cannot outlive rank 0 by more than a short grace period).
     """
 
-    def __init__(self, launch: LaunchEnv, log_dir: str):
+    def __init__(self, launch: LaunchEnv, log_dir: str, stall: StallPolicy):
         self.launch = launch
+        os.environ.update(rendezvous.topo_timeout_env(stall.stall_startup_timeout))  # the scheduler's too
         self.scheduler = None
         self.heartbeat_timeout_s = rendezvous.node_timeout_s(os.environ)  # before init() raises it for collectives
         self.published = False
@@ -93,7 +95,8 @@ class _ClusterBridge:
                 raise RuntimeError(f"rank 0 must host MindSpore's scheduler at {host}, but that is not an address of "
                                    "this node; set MS_SCHED_HOST to rank 0's node address")
             log_path = os.path.join(log_dir, "scheduler.log")
-            self.scheduler = rendezvous.start_scheduler(host, port, launch.world_size, log_path)
+            self.scheduler = rendezvous.start_scheduler(host, port, launch.world_size, log_path,
+                                                        stall.stall_register_timeout)
             threading.Thread(target=_fail_with_scheduler, args=(self.scheduler, log_path), name="msdist-scheduler-watch",
                              daemon=True).start()
             cli.add_crash_hook(self._await_scheduler_verdict)
@@ -183,7 +186,8 @@ def refuse_shared_gpu(launch: LaunchEnv, device_id: int) -> None:
             raise ConfigError(problem)
 
 
-def init(launch: LaunchEnv, device_target: str, log_dir: str, deterministic: bool = False) -> DistInfo:
+def init(launch: LaunchEnv, device_target: str, log_dir: str, deterministic: bool = False,
+         stall: StallPolicy = StallPolicy.from_options({})) -> DistInfo:
     """Set the device and GRAPH_MODE, join the job's communication group, set DATA_PARALLEL.
 
     Args:
@@ -191,6 +195,8 @@ def init(launch: LaunchEnv, device_target: str, log_dir: str, deterministic: boo
         device_target: "auto", "CPU" or "GPU".
         log_dir: where the scheduler's own log goes when this rank starts it.
         deterministic: ask MindSpore for deterministic kernels.
+        stall: the job's stall options; the scheduler rank 0 starts names an unregistered rank after
+            their --stall_register_timeout, and MS_TOPO_TIMEOUT is their --stall_startup_timeout.
     """
     import mindspore as ms
 
@@ -212,9 +218,10 @@ def init(launch: LaunchEnv, device_target: str, log_dir: str, deterministic: boo
     backend = job.backend_for(target)
     # The bridge outlives this call through what it registered (scheduler watcher thread, crash hook,
     # SIGTERM handler); after the join it is only told that the rendezvous file can go.
-    bridge = _ClusterBridge(launch, log_dir) if job.needs_cluster_bridge(launch, target) else None
+    bridge = _ClusterBridge(launch, log_dir, stall) if job.needs_cluster_bridge(launch, target) else None
     if bridge is None and "MS_SCHED_HOST" in os.environ:  # set by hand or by a job spec: MindSpore takes only an IP
         os.environ["MS_SCHED_HOST"] = rendezvous.resolve_host(os.environ["MS_SCHED_HOST"], "MS_SCHED_HOST")
+    registration.exit_on_signal()  # the scheduler's watchdog ends a rank stuck in init() this way
     comm_init(backend)
     os.environ.update(rendezvous.collective_wait_env(os.environ, target))  # before the first collective reads it
     if bridge is not None:
@@ -279,9 +286,17 @@ def finish(launch: LaunchEnv, dist: DistInfo, collectives: "Collectives") -> Non
         time.sleep(_LINGER_S)
 
 
-def run_scheduler_role(launch: LaunchEnv) -> int:
-    """Serve as MindSpore's scheduler for msrun (MS_ROLE=MS_SCHED), until the job's workers are gone."""
+def run_scheduler_role(launch: LaunchEnv, stall: StallPolicy, log_dir: str) -> int:
+    """Serve as MindSpore's scheduler for msrun (MS_ROLE=MS_SCHED), until the job's workers are gone.
+
+    Args:
+        stall: a worker not registered --stall_register_timeout after the others is named, and the job ended.
+        log_dir: the workers' heartbeats, which say on which host a missing rank runs.
+    """
     from msdist.cluster import scheduler
+    os.environ.update(rendezvous.topo_timeout_env(stall.stall_startup_timeout))
+    os.environ.update({rendezvous.REGISTER_TIMEOUT_VAR: str(stall.stall_register_timeout),
+                       rendezvous.LOG_DIR_VAR: log_dir})
     _logger.info("MS_ROLE=MS_SCHED (%s): serving as the scheduler for %d workers", launch.launcher, launch.world_size)
     return scheduler.serve_job(int(os.environ.get("MS_SCHED_PORT", "0")))
 

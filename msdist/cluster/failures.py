@@ -33,12 +33,15 @@ class Failure:
     stalled: bool = False
     silent_since: float = 0.0        # a stalled rank's last sign of life (heartbeat or spawn), time.time()
     user_error: bool = False         # `msdist: error: ...`: bad option, config or data
+    requeue: bool = False            # not a failure: every rank saved on a preemption and exited for a requeue
     seen_at: float = field(default_factory=time.monotonic)   # when the launcher noticed
     stall: Optional[heartbeat.Stall] = None   # a job that stopped making progress: its own account
 
     def summary(self) -> str:
         if self.stall is not None:
             return self.stall.line()
+        if self.requeue:
+            return f"preempted: {self.how}"
         if self.rank is None:
             return f"the scheduler failed: {self.how}"
         if self.beat is None:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 import zlib
 from typing import Dict, Mapping, Union
 
@@ -123,10 +124,30 @@ def cluster_env(host: str, port: Union[int, str], world_size: int) -> Dict[str, 
     return {"MS_SCHED_HOST": host, "MS_SCHED_PORT": str(port), "MS_WORKER_NUM": str(world_size)}
 
 
-def start_scheduler(host: str, port: int, world_size: int, log_path: str) -> subprocess.Popen:
-    """Start MindSpore's scheduler as a child that dies with this process (see msdist.cluster.scheduler)."""
-    env = dict(os.environ, **cluster_env(host, port, world_size), MS_ROLE="MS_SCHED",
-               MSDIST_PARENT_PID=str(os.getpid()))
+REGISTER_TIMEOUT_VAR = "MSDIST_REGISTER_TIMEOUT"  # for the scheduler's watchdog: --stall_register_timeout
+LOG_DIR_VAR = "MSDIST_LOG_DIR"                     # for the scheduler's watchdog: where the ranks' heartbeats are
+
+
+def topo_timeout_env(seconds: float) -> Dict[str, str]:
+    """MS_TOPO_TIMEOUT, unless set already: how long MindSpore's workers try to register and its scheduler
+    waits for them (1800 s by default). The backstop behind --stall_register_timeout's watch."""
+    return {} if "MS_TOPO_TIMEOUT" in os.environ else {"MS_TOPO_TIMEOUT": str(int(seconds))}
+
+
+def start_scheduler(host: str, port: int, world_size: int, log_path: str,
+                    register_timeout_s: float = 0.0) -> subprocess.Popen:
+    """Start MindSpore's scheduler as a child that dies with this process (see msdist.cluster.scheduler).
+
+    Args:
+        register_timeout_s: the scheduler's watchdog names a rank not registered this long after all the
+            others and ends the job (mpirun, srun); 0: the launcher watches itself (msdist.launch).
+    """
+    # WARNING level whatever the rank starting it set for itself (runtime.prepare): the scheduler logs each
+    # registration at WARNING (meta_server_node.cc:254), the one view of who has joined (msdist.cluster.registration).
+    env = dict(os.environ, **cluster_env(host, port, world_size), MS_ROLE="MS_SCHED", GLOG_v="2", GLOG_minloglevel="1",
+               MSDIST_PARENT_PID=str(os.getpid()), **{LOG_DIR_VAR: os.path.dirname(log_path)})
+    if register_timeout_s:
+        env[REGISTER_TIMEOUT_VAR] = str(register_timeout_s)
     for name in ("MS_NODE_ID", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"):
         env.pop(name, None)  # the scheduler is not an MPI rank nor a worker
     os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
@@ -138,8 +159,11 @@ def start_scheduler(host: str, port: int, world_size: int, log_path: str) -> sub
 def wait_until_listening(host: str, port: int, timeout_s: float = RENDEZVOUS_TIMEOUT_S) -> None:
     """Block until the scheduler accepts connections.
 
-    MindSpore workers that find no scheduler back off with a growing retry window (20-60 s lost at
-    start-up on this 2-core machine), so they only call init() once it is reachable.
+    A worker that finds no scheduler is not slowed for long by it: MindSpore 2.10 retries registration
+    every 0.5 s (ComputeGraphNode::ReconnectWithTimeoutWindow, compute_graph_node.cc:392 in its log; no
+    growing window). Waiting here keeps those failed tries, which MindSpore logs only as warnings, out of
+    the ranks' start-up. What did cost 3-300 s was a rank pinned to one core during init: see
+    runtime.prepare_to_join.
     """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -248,3 +272,32 @@ def collective_wait_env(env: Mapping[str, str], device: str) -> Dict[str, str]:
         return {}
     return {"MS_NODE_TIMEOUT": str(COLLECTIVE_WAIT_S)}
 
+
+# ---------------------------------------------------------------- the scheduler's generation (msdist.launch)
+
+def _generation_path(log_dir: str) -> str:
+    return os.path.join(log_dir, "scheduler.generation")
+
+
+def read_generation(log_dir: str) -> str:
+    """The token of the scheduler node 0 started last ("" before the first)."""
+    try:
+        with open(_generation_path(log_dir), encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def new_generation(log_dir: str) -> None:
+    """Node 0, before each scheduler starts: a fresh token in the shared log dir, so that other nodes
+    restarting never join the previous attempt's scheduler while it is still dying."""
+    atomic_write_text(_generation_path(log_dir), uuid.uuid4().hex)
+
+
+def wait_for_new_generation(log_dir: str, joined: str, timeout_s: float) -> None:
+    """Other nodes, before a restart: wait until node 0 has started a scheduler newer than `joined`."""
+    deadline = time.monotonic() + timeout_s
+    while read_generation(log_dir) == joined:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"node 0 did not start a new scheduler within {timeout_s:.0f} s")
+        time.sleep(0.2)

@@ -3,7 +3,9 @@
 Two phases, because MindSpore and oneDNN read some settings once, when their libraries load:
 
 * `prepare()` runs before `import mindspore`: log level, oneDNN ISA cap, OpenMP threads, the cores
-  this rank is bound to, where the compile cache lives. It never imports mindspore.
+  this rank will be bound to, where the compile cache lives. It never imports mindspore.
+* `prepare_to_join()` and `bind_to_cores()` wrap the rank's cluster join: unbound and without wake-up
+  preemption during it (MindSpore's registration race, issue #34), bound after it.
 * `configure_mindspore()` runs right after the device context is set: MindSpore's own CPU kernel
   thread pool, sized to this rank's share of the cores. `compile_cache_scope()` wraps the one
   compile whose graph is cached.
@@ -212,7 +214,8 @@ def prepare(verbose: bool = False, cpu_isa: str = "auto", local_world_size: int 
         local_world_size: ranks on this host; they share its cores evenly.
         local_rank: this rank's index on the host (which slice of cores it binds to).
         rank: global rank (MindSpore keeps one compile-cache folder per rank).
-        bind_cores: pin this process to its slice of cores when several ranks share the host.
+        bind_cores: pin this process to its slice of cores when several ranks share the host (done by
+            `bind_to_cores` once the rank has joined the cluster).
         compile_cache: directory for MindSpore's compile cache (see `compile_cache_dir`); "" = off.
         device_target: the device decision ("CPU", "GPU" or "auto"); on GPU the oneDNN ISA is left alone
             and never probed (the probe times CPU convolutions in subprocesses).
@@ -230,13 +233,67 @@ def prepare(verbose: bool = False, cpu_isa: str = "auto", local_world_size: int 
         os.environ["ONEDNN_MAX_CPU_ISA"] = isa
     place = place_rank(local_rank, local_world_size, bind_cores, exchange_key)
     os.environ["OMP_NUM_THREADS"] = str(place.threads)
-    if place.bound_by == "msdist":
-        # Before MindSpore starts its threads, so every thread it creates inherits the mask.
-        os.sched_setaffinity(0, place.cores)
     return RuntimeInfo(cpu_isa=isa or "default", isa_source=source, threads_per_rank=place.threads,
                        cores=place.cores, cores_bound_by=place.bound_by,
                        compile_cache=compile_cache,
                        compile_cache_warm=bool(compile_cache) and _cache_is_warm(compile_cache, rank))
+
+
+def prepare_to_join(rt: RuntimeInfo) -> None:
+    """Right before this rank joins the cluster: run on any of the host's cores, without wake-up preemption,
+    until it has joined (`bind_to_cores` then binds it and gives the threads their normal policy back).
+
+    Pinned to one core from the start, a rank missed its registration one launch in four on a busy 2-core
+    host and joined 3 to 300 s late (issue #34). The cause is a race in MindSpore 2.10's TCPComm
+    (public source: mindspore_test@003f8fd, mindspore/ccsrc/cluster/rpc/tcp/tcp_comm.cc):
+    `TCPComm::DoConnect` adds the new socket to the event loop's epoll (`SetConnectedHandler`) and only
+    then sets `conn->state = kConnecting`. A loopback connect is writable at once, so the event-loop
+    thread may run `ConnectedEventHandler` first (its ConnEstablishedEventHandler sets kConnected) and have
+    that overwritten by kConnecting;
+    `TCPComm::Connect` then waits 3 x 10 ms for kConnected in vain (tcp_comm.cc:496 in 2.10's log) and
+    `ComputeGraphNode::Register` fails (compute_graph_node.cc:193) before any message reaches the
+    scheduler; `ReconnectWithTimeoutWindow` (compute_graph_node.cc:392) tries again every 0.5 s until
+    MS_TOPO_TIMEOUT. Every connect whose handler ran first failed (MS_SUBMODULE_LOG_v="{DISTRIBUTED:1}"
+    shows it as "Connection from  to  is successfully created", addresses not yet set). The event thread
+    wins when it runs at once on the connecting thread's own core, the only core a rank bound to one
+    core has: bound ranks lost that race more often than unbound ones (docs/performance.md, "Start-up"),
+    and a rank that loses it try after try is the one that joined minutes late. Unbinding removes that
+    bias, not the race (the kernel may still wake a thread on its waker's core); SCHED_BATCH (below) all
+    but closes it, and the registration watch (msdist.cluster.registration, --stall_register_timeout)
+    bounds what is left. A launcher's binding
+    (mpirun --bind-to core, msrun --bind_core) is widened the same way and given back after the join;
+    the kernel keeps the result inside the process's cgroup cpuset.
+    """
+    if rt.cores:
+        os.sched_setaffinity(0, range(host_cores()))
+    # And no wake-up preemption until then: the threads MindSpore starts in init() inherit SCHED_BATCH, and
+    # a SCHED_BATCH thread that wakes does not preempt the running one ("Batch and idle tasks do not preempt
+    # non-idle tasks", Linux kernel/sched/fair.c, check_preempt_wakeup), so the connecting thread sets
+    # kConnecting before the event thread runs on its core. Measured: failed registration tries per rank
+    # 2.00 pinned, 1.75 unbound, 0.05 unbound in SCHED_BATCH (docs/performance.md, "Start-up").
+    os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+
+
+def bind_to_cores(rt: RuntimeInfo) -> None:
+    """Pin every thread of this process to the rank's cores, with the normal scheduling policy, once its rank
+    has joined the cluster (undoing `prepare_to_join`).
+
+    Every thread MindSpore started so far (event loops, actor and kernel pools) is moved through
+    /proc/self/task; threads started later inherit the mask and policy of the thread that starts them.
+    """
+    done = set()
+    while True:  # a thread started while we pin the others is caught on the next pass
+        todo = {int(t) for t in os.listdir("/proc/self/task")} - done
+        if not todo:
+            return
+        for tid in todo:
+            try:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                if rt.cores:
+                    os.sched_setaffinity(tid, rt.cores)
+            except ProcessLookupError:  # the thread has ended meanwhile
+                pass
+        done |= todo
 
 
 def prepare_tool(local_world_size: int = 1) -> RuntimeInfo:
@@ -246,7 +303,9 @@ def prepare_tool(local_world_size: int = 1) -> RuntimeInfo:
     Args:
         local_world_size: the ranks this process stands in for, which share the host's cores.
     """
-    return prepare(False, "auto", local_world_size)
+    rt = prepare(False, "auto", local_world_size)
+    bind_to_cores(rt)  # no cluster to join
+    return rt
 
 
 def configure_mindspore(rt: RuntimeInfo) -> None:

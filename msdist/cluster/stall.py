@@ -6,7 +6,9 @@ both accept (docs/launch.md, "Stall options"):
 * `--stall_timeout`: no progress: a rank in one phase longer than its limit (which scales per phase);
 * `--stall_startup_timeout`: no heartbeat before a rank's first training step (cluster init and the
   compiler may hold the Python lock and silence the heartbeat thread);
-* `--stall_silence_timeout`: no heartbeat after it, or at any time from a stopped process.
+* `--stall_silence_timeout`: no heartbeat after it, or at any time from a stopped process;
+* `--stall_register_timeout`: a rank not registered with MindSpore's scheduler this long after all the
+  others have (read from the scheduler's log: msdist.cluster.registration).
 
 A new kind of wait is one `KNOBS` row and one `StallPolicy` field of the same name (the options, their
 checks, the launcher and the watchdog follow from them).
@@ -76,6 +78,9 @@ KNOBS = (
     Knob("stall_silence_timeout", float, 120.0, "end the job when a rank writes no heartbeat for this many "
          "seconds after its first training step, or at any time when its process is stopped (SIGSTOP)",
          _seconds("stall_silence_timeout"), renamed_from="heartbeat_timeout"),
+    Knob("stall_register_timeout", float, 30.0, "name a rank that has not registered with MindSpore's scheduler "
+         "this many seconds after all the others have (msdist.launch respawns it; mpirun and msrun end the job "
+         "with exit status 42)", _seconds("stall_register_timeout")),
 )
 RENAMED = {k.renamed_from: k.name for k in KNOBS if k.renamed_from}
 
@@ -90,6 +95,7 @@ class StallPolicy:
     stall_timeout: Optional[float]
     stall_startup_timeout: float
     stall_silence_timeout: float
+    stall_register_timeout: float
 
     @classmethod
     def from_options(cls, values: Mapping[str, Any]) -> "StallPolicy":

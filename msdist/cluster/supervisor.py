@@ -7,7 +7,10 @@ running `python -m msdist.train`. MindSpore-free; msdist/launch.py parses and ch
   fails the attempt: every other process is stopped within seconds, and one line names the rank, how it
   failed and the last epoch/step it reported, followed by the tail of its traceback;
 * with `--max_restarts K` it then restarts all ranks with `--resume auto`, up to K times;
-* SIGTERM or Ctrl-C stops every process it started; each worker also gets SIGKILL from the kernel
+* the preemption signal (--preempt_signal, SIGTERM by default) is passed on to every rank, which saves at
+  one agreed step and exits with preemption.REQUEUE_EXIT; the launcher then exits with that status and
+  does not restart (msdist.cluster.preemption). A second one, SIGINT, or SIGTERM when it is not the
+  preemption signal stops every process it started at once; each worker also gets SIGKILL from the kernel
   if the launcher itself dies (PR_SET_PDEATHSIG), so no path leaves orphans behind.
 
 Two watches on the heartbeats (msdist.cluster.heartbeat), which msdist.train writes from before cluster
@@ -19,21 +22,25 @@ init, both under the one stall policy (msdist.cluster.stall) the ranks' own watc
 * liveness: no heartbeat at all (a stopped process, a hang that holds the Python lock): past
   --stall_startup_timeout before the rank's first training step, --stall_silence_timeout after it.
 
+And one watch on MindSpore's scheduler log (node 0, msdist.cluster.registration): a rank not registered
+--stall_register_timeout after all the others is named in one line and respawned with the same node id
+(a rank that misses its registration is not stuck for good: a new process joins at once, issue #34).
+
 How a failed attempt is described (the rank, how it failed, its traceback) is msdist.cluster.failures.
 """
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from msdist.base.errors import ConfigError
-from msdist.base.files import atomic_write_text, rank_log_path
-from msdist.cluster import heartbeat, rendezvous
+from msdist.base.files import rank_log_path
+from msdist.cluster import heartbeat, preemption, registration, rendezvous
 from msdist.cluster.failures import Failure, describe_exit, first_cause, traceback_tail, with_cluster_cause
 from msdist.cluster.stall import StallPolicy
 
@@ -43,6 +50,7 @@ _PORT_RELEASE_S = 30.0         # an explicit port must come free again before a 
 _RESOLVE_RETRY_S = 10.0        # nodes > 0: node 0's host name may appear in DNS a little after they start
 _STACK_DUMP_S = 1.0            # a stalled job's ranks write their stacks before they are stopped
 _USER_ERROR_EXIT = 2             # msdist.base.cli.cli_main's status for a UserError
+_MAX_RESPAWNS = 2                # per rank and attempt; then the attempt fails (--max_restarts: a new port)
 
 
 def _say(message: str) -> None:
@@ -66,6 +74,7 @@ class Plan:
     data_dir: str
     show_plan: bool = False      # --plan: print each local rank's `msdist.check --plan` and start nothing
     host_root: str = "/"         # --plan's --host_root: where the GPU facts are read
+    preempt_signal: int = signal.SIGTERM   # the train option --preempt_signal: passed on to the ranks
 
     @property
     def world_size(self) -> int:
@@ -94,6 +103,7 @@ class _Worker:
     heartbeat_path: str
     log_offsets: Dict[str, int]   # log file sizes at spawn: logs are appended to across attempts
     started: float = field(default_factory=time.time)
+    respawns: int = 0             # times this rank was started again because it never registered
 
 
 def _log_paths(log_dir: str, rank: int) -> List[str]:
@@ -171,7 +181,7 @@ def _check_worker(w: _Worker, plan: Plan) -> Optional[Failure]:
         beat = None  # left by an older process
     if code is not None and code < 0:
         return Failure(w.rank, describe_exit(code), beat)  # killed: there is no traceback to show
-    if code is not None and code > 0:
+    if code is not None and code > 0 and code != preemption.REQUEUE_EXIT:
         return Failure(w.rank, describe_exit(code), beat, traceback_tail(w.log_offsets),
                        user_error=code == _USER_ERROR_EXIT)
     if code is not None:
@@ -208,54 +218,32 @@ def _pick_port(plan: Plan, attempt: int) -> int:
     return plan.master_port
 
 
-def _generation_path(plan: Plan) -> str:
-    return os.path.join(plan.log_dir, "scheduler.generation")
-
-
-def _read_generation(plan: Plan) -> str:
-    try:
-        with open(_generation_path(plan), encoding="utf-8") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def _new_generation(plan: Plan) -> None:
-    """Node 0, before each scheduler starts: a fresh token in the shared log dir, so that other nodes
-    restarting never join the previous attempt's scheduler while it is still dying."""
-    atomic_write_text(_generation_path(plan), uuid.uuid4().hex)
-
-
-def _wait_for_new_generation(plan: Plan, joined: str) -> None:
-    deadline = time.monotonic() + plan.stall.stall_startup_timeout
-    while _read_generation(plan) == joined:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"node 0 did not start a new scheduler within {plan.stall.stall_startup_timeout:.0f} s")
-        time.sleep(0.2)
-
-
-def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[str, str]) -> Optional[Failure]:
-    """Run every local rank to the end; return None on success or the first failure seen.
+def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[str, str],
+                forwarder: preemption.Forwarder) -> Optional[Failure]:
+    """Run every local rank to the end; return None on success or the first failure seen (or the requeue).
 
     Args:
         joined: carried across attempts: the scheduler generation this node last joined.
+        forwarder: passes a preemption signal on to the ranks.
     """
     port = _pick_port(plan, attempt)
-    scheduler, workers = None, []
+    scheduler, workers, joining = None, [], None
     try:
         try:
             if plan.node_rank == 0:
-                _new_generation(plan)
-                scheduler = rendezvous.start_scheduler(plan.master_addr, port, plan.world_size,
-                                                    os.path.join(plan.log_dir, "scheduler.log"))
+                rendezvous.new_generation(plan.log_dir)
+                scheduler_log = os.path.join(plan.log_dir, "scheduler.log")
+                joining = _Joining(plan, registration.LogTail.from_end(scheduler_log))
+                scheduler = rendezvous.start_scheduler(plan.master_addr, port, plan.world_size, scheduler_log)
             elif attempt > 0:
-                _wait_for_new_generation(plan, joined.get("generation", ""))
-            # Workers that find no scheduler back off for tens of seconds, so only start them once it listens.
+                rendezvous.wait_for_new_generation(plan.log_dir, joined.get("generation", ""),
+                                                     plan.stall.stall_startup_timeout)
+            # Only once it listens: a worker that finds none fails its registration tries (see wait_until_listening).
             rendezvous.wait_until_listening(plan.master_addr, port, plan.stall.stall_startup_timeout)
         except RuntimeError as e:
             where = "" if plan.node_rank == 0 else "; check --master_addr/--master_port and that node 0's launcher runs"
             return Failure(None, f"{e}{where}")
-        joined["generation"] = _read_generation(plan)
+        joined["generation"] = rendezvous.read_generation(plan.log_dir)
         workers = [_spawn_worker(plan, i, plan.master_addr, port, train_args) for i in range(plan.nproc)]
         ranks = ", ".join(f"rank {w.rank} pid {w.proc.pid}" for w in workers)
         _say(f"attempt {attempt + 1}: started {ranks} (world size {plan.world_size}, node {plan.node_rank}); "
@@ -264,13 +252,21 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[st
         progress = heartbeat.Tracker({r: heartbeat.path_for(plan.log_dir, r) for r in range(plan.world_size)},
                                      pids={w.rank: w.proc.pid for w in workers})
         while True:
+            forwarder.forward([w.proc.pid for w in workers])
             failures = [f for f in (_check_worker(w, plan) for w in workers) if f is not None]
             if failures:
                 return with_cluster_cause(first_cause(failures), scheduler, plan.log_dir)
+            failure = joining.respawn_unregistered(workers, port, train_args) if joining else None
+            if failure is not None:
+                return failure
+            progress.pids.update({w.rank: w.proc.pid for w in workers})  # a respawned rank has a new pid
             stall = heartbeat.find_stall(progress.poll(), plan.stall)
             if stall is not None:
                 _dump_stacks(workers, plan.log_dir, stall.line())
                 return Failure(stall.rank, "stalled", stall.culprit.beat, stalled=True, stall=stall)
+            if all(w.proc.poll() is not None for w in workers) and \
+                    any(w.proc.poll() == preemption.REQUEUE_EXIT for w in workers):
+                return _requeue(workers)
             if all(w.proc.poll() == 0 for w in workers):
                 # The work is done: the scheduler is stopped in `finally` without waiting for it, as
                 # ranks that skip MindSpore's teardown (runtime.exit_without_teardown) never unregister.
@@ -283,6 +279,42 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[st
             time.sleep(_POLL_S)
     finally:
         _stop_all(workers, scheduler)
+
+
+class _Joining:
+    """Node 0's view of the ranks joining this attempt's cluster, read from the scheduler's log."""
+
+    def __init__(self, plan: Plan, log: registration.LogTail):
+        self.plan = plan
+        self.log = log
+        self.registrations = registration.Registrations(plan.world_size, plan.stall.stall_register_timeout)
+        self.started = time.monotonic()
+
+    def respawn_unregistered(self, workers: List[_Worker], port: int, train_args: List[str]) -> Optional[Failure]:
+        """Start again, with the same node id, a local rank still unregistered --stall_register_timeout after
+        all the others; a rank of another node, or one already respawned _MAX_RESPAWNS times, fails the attempt."""
+        self.registrations.feed(self.log.read())
+        for rank in self.registrations.overdue():
+            local = [i for i, w in enumerate(workers) if w.rank == rank]
+            line = self.registrations.line(rank, socket.gethostname() if local else f"of node {rank // self.plan.nproc}")
+            if not local or workers[local[0]].respawns >= _MAX_RESPAWNS:
+                return Failure(rank, line)
+            old = workers[local[0]]
+            _say(f"{line}; respawning it with the same node id ({old.respawns + 1} of {_MAX_RESPAWNS})")
+            _signal_group(old.proc, signal.SIGKILL)
+            old.proc.wait()
+            new = _spawn_worker(self.plan, rank - self.plan.global_rank(0), self.plan.master_addr, port, train_args)
+            workers[local[0]] = dataclasses.replace(new, respawns=old.respawns + 1)
+            self.registrations.restart_clock(self.started)
+        return None
+
+
+def _requeue(workers: List[_Worker]) -> Failure:
+    """Every rank saved on a preemption and exited with REQUEUE_EXIT: where they stopped."""
+    beat = heartbeat.read(workers[0].heartbeat_path)
+    where = f" at global step {beat['global_step']}" if beat is not None else ""
+    return Failure(None, f"every rank saved a checkpoint{where} and exited with {preemption.REQUEUE_EXIT}; "
+                         "requeue the job (it continues with --resume auto)", requeue=True)
 
 
 def _dump_stacks(workers: List[_Worker], log_dir: str, why: str) -> None:
@@ -302,8 +334,8 @@ def _report(failure: Failure, stopped_in_s: float, log_dir: str) -> None:
         print(f"  rank {failure.rank} | {line}", file=sys.stderr, flush=True)
 
 
-def supervise(plan: Plan) -> int:
-    """Run attempts until one succeeds or the restart budget is spent; return the exit status."""
+def supervise(plan: Plan, forwarder: preemption.Forwarder) -> int:
+    """Run attempts until one succeeds, the restart budget is spent or the job is preempted; the exit status."""
     os.makedirs(plan.log_dir, exist_ok=True)
     if plan.node_rank == 0 and plan.master_port and rendezvous.port_in_use(plan.master_addr, plan.master_port):
         raise ConfigError(f"--master_port {plan.master_port} is already in use on {plan.master_addr}; "
@@ -315,15 +347,21 @@ def supervise(plan: Plan) -> int:
             train_args = plan.train_args + ["--resume", "auto"]
             _say(f"restart {attempt} of {plan.max_restarts}: starting the ranks again with --resume auto")
         began = time.monotonic()
-        failure = run_attempt(plan, train_args, attempt, joined)
+        failure = run_attempt(plan, train_args, attempt, joined, forwarder)
         if failure is None:
             _say(f"all ranks finished in {time.monotonic() - began:.0f} s")
             return 0
+        if failure.requeue:
+            _say(failure.summary())
+            return preemption.REQUEUE_EXIT
         _report(failure, time.monotonic() - failure.seen_at, plan.log_dir)
         if failure.user_error:
             # Running again cannot fix it, and --resume auto could even hide it (e.g. an output_dir
             # that holds another run's checkpoints).
             _say("not restarting: fix the error above first")
+            return 1
+        if forwarder.requested_at is not None:
+            _say("not restarting: the job is being preempted")
             return 1
     spent = f" after {plan.max_restarts} restart(s)" if plan.max_restarts else ""
     # MindSpore ends ranks whose peer on another node vanished (~30 s), so the cause may be elsewhere.
@@ -333,23 +371,28 @@ def supervise(plan: Plan) -> int:
     return 1
 
 
-def _raise_stop(signum, _frame):
+def _raise_stop(signum, _frame=None):
     # Ignore repeats so a second Ctrl-C cannot interrupt the cleanup of the first.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in {signal.SIGTERM, signal.SIGINT, signum}:
+        signal.signal(sig, signal.SIG_IGN)
     raise _Stop(signum)
 
 
 def run(plan: Plan) -> int:
-    """Supervise the job `plan` describes until it ends; SIGTERM or Ctrl-C stop every process it started."""
+    """Supervise the job `plan` describes until it ends; the preemption signal is passed on to the ranks, a second
+    one, Ctrl-C (or SIGTERM when it is not the preemption signal) stop every process it started."""
     # MindSpore's cluster accepts only literal IPs: a host name is resolved here, once, for every rank.
     # Other nodes may start before node 0's name is in DNS (Kubernetes), so they retry for a few seconds.
     plan = dataclasses.replace(plan, master_addr=rendezvous.resolve_host(
         plan.master_addr, "--master_addr", retry_s=_RESOLVE_RETRY_S if plan.node_rank else 0.0))
+    # Scheduler and workers inherit it: a rank that never registers ends the attempt at the latest then.
+    os.environ.update(rendezvous.topo_timeout_env(plan.stall.stall_startup_timeout))
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
+    forwarder = preemption.Forwarder(plan.preempt_signal, _raise_stop)
+    forwarder.install()
     try:
-        return supervise(plan)
+        return supervise(plan, forwarder)
     except _Stop as stop:  # run_attempt's cleanup has already stopped everything
         _say(f"stopped by {stop}; all processes it started are gone")
         return 128 + stop.signum

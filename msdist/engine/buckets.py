@@ -9,7 +9,9 @@ MindSpore-free (duck-typed on `net.trainable_params()`), so `msdist.plan_scale` 
 plan buckets without loading MindSpore. `allreduce_fusion: auto` cuts by DEFAULT_BUCKET_BYTES.
 """
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
+
+from msdist.base.errors import ConfigError
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # like DDP's 25 MB buckets; allreduce_fusion: auto
 FLOAT32_BYTES = 4
@@ -67,6 +69,21 @@ def cut_after(sizes: Sequence[Tuple[str, int]], indices: Sequence[int]) -> List[
     order; no indices = one bucket."""
     bounds = [0] + [i + 1 for i in indices if i + 1 < len(sizes)] + [len(sizes)]
     return [_bucket(sizes, start, end) for start, end in reversed(list(zip(bounds, bounds[1:]))) if end > start]
+
+
+def plan(sizes: Sequence[Tuple[str, int]], split_after: Optional[Sequence[int]]) -> List[Bucket]:
+    """The run's buckets in SEND order, as `--allreduce_fusion` asks: None = auto (by bytes), [] = one bucket,
+    else cut after these forward-order indices. The training step and `msdist.plan_scale` both call this.
+
+    Raises:
+        ConfigError: an index at or past the model's trainable parameter count.
+    """
+    if split_after is None:
+        return plan_buckets(sizes)
+    if split_after and split_after[-1] >= len(sizes):
+        raise ConfigError(f"--allreduce_fusion index {split_after[-1]} is past the model's last trainable "
+                          f"parameter (it has {len(sizes)}); use indices below {len(sizes)}, or auto")
+    return cut_after(sizes, split_after)
 
 
 def _bucket(sizes: Sequence[Tuple[str, int]], start: int, end: int) -> Bucket:

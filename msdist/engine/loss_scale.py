@@ -1,25 +1,31 @@
-"""The loss scale inside the compiled train step: fixed, or dynamic with a cross-rank overflow check.
+"""The loss scale inside the compiled train step: fixed, or dynamic with an overflow check.
 
 Dynamic scaling follows MindSpore's `nn.DynamicLossScaleUpdateCell` (mindspore/nn/wrap/loss_scale.py):
 on a step whose gradients hold an inf or NaN the scale is divided by `precision.SCALE_FACTOR` (never
 below 1) and the step is skipped; after `precision.SCALE_WINDOW` steps since the last overflow or
-increase it is multiplied by the factor. The overflow flag is summed over the ranks first
-(MindSpore's TrainOneStepWithLossScaleCell does the same), so every rank skips the same steps and
-keeps the same scale. The scale and both counters are Parameters under STATE_PREFIX, declared by
-`LossScaler.state_parameters` and saved in checkpoints, so a resumed run continues with the scale it had.
+increase it is multiplied by the factor. Every rank takes the same decision, so every rank skips the
+same steps and keeps the same scale: the train step (`step.ScaledUpdate`) reads it from the
+all-reduced gradients, which carry any rank's inf or NaN. The scale and both counters are Parameters
+under STATE_PREFIX, declared by `LossScaler.state_parameters` and saved in checkpoints, so a resumed
+run continues with the scale it had.
 
-A fixed scale (other than 1, which is no scaling) has no such rule, so an inf or NaN there is an
-error: the step whose gradients (and so the loss: softmax cross-entropy's gradient is finite
-exactly where the logits are) hold one is skipped in the graph like an overflow step, and so is
-every step after it, while the step number and the ranks where it happened stay in two sticky
-Parameters. The host reads them only where it syncs anyway - at log steps - and before it writes
-weights (`check_finite`), so the run stops with one line naming the step and the rank, and no
-weights that saw the inf are ever written.
+A fixed scale has no such rule, so an inf or NaN there is an error. Where float16 carries the
+gradients (`precision.LossScalePlan.checked`) every step checks them AND the loss: a loss can be
+non-finite while its gradients are not (MindSpore 2.10's CPU SparseSoftmaxCrossEntropyWithLogits takes
+-log(softmax[label]) without log-sum-exp: a true-class logit 88 below the top one gives an inf loss and
+a finite softmax-minus-one-hot gradient; msdist's own loss, engine/loss.py, no longer does, but the check
+does not rest on any one loss), so checking the gradients alone would let an inf loss pass. A non-finite step is skipped in the graph, and so is every step after it, while the step number
+and the ranks where it happened stay in two sticky Parameters. Under float32 no scale can overflow,
+so no step pays for a check: instead `check_finite` reads, at the log steps where the host waits for
+the device anyway, the window's mean loss and whether the weights are all finite (a non-finite
+gradient reaches them). On every path the host reads the verdict at log steps and before it writes
+weights, and the run stops with one line naming the step, so no weights that saw an inf are written.
 """
-from typing import List
+import math
+from typing import List, Optional
 
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 import mindspore as ms
 
 from msdist.base.errors import NonFiniteError, alike_on_every_rank
@@ -31,8 +37,8 @@ _not_finite = ops.MultitypeFuncGraph("not_finite")
 
 
 @_not_finite.register("Tensor")
-def _count_not_finite(grad):
-    return 1.0 - ops.cast(ops.isfinite(grad).all(), ms.float32)
+def _count_not_finite(tensor):
+    return 1.0 - ops.cast(ops.isfinite(tensor).all(), ms.float32)
 
 
 class LossScaler(nn.Cell):
@@ -49,9 +55,9 @@ class LossScaler(nn.Cell):
                  rank: int = 0):
         super().__init__(auto_prefix=False)
         self.dynamic = plan.dynamic
-        # A fixed scale of 1 is no scaling (float32 gradients: `auto` on CPU): it keeps the step without the
-        # overflow check, its AllReduce and its control flow, as before.
-        self.checked = plan.dynamic or plan.initial != 1.0
+        # Unchecked (a fixed scale under float32): the step has no overflow check, no AllReduce for it and no
+        # control flow; `check_finite` catches an inf or NaN at the log steps instead.
+        self.checked = plan.checked or plan.dynamic
         self.scale_window = scale_window
         self.value = Parameter(Tensor(plan.initial, ms.float32), name=STATE_PREFIX + "value", requires_grad=False)
         self.cur_iter = Parameter(Tensor(1, ms.int32), name=STATE_PREFIX + "cur_iter", requires_grad=False)
@@ -78,17 +84,20 @@ class LossScaler(nn.Cell):
         inv = ops.reciprocal(self.value)
         return self.hyper_map(ops.partial(_times, inv), grads)
 
-    def not_finite_by_rank(self, grads, across_ranks: bool = True):
-        """Per rank, how many gradient tensors hold an inf or NaN: a (world_size,) vector, this rank's own
-        count in its slot, and (across_ranks) every rank's after one AllReduce."""
-        by_rank = self.this_rank * ops.addn(self.hyper_map(_not_finite, grads))
+    def not_finite_by_rank(self, grads, loss=None, across_ranks: bool = True):
+        """Per rank, how many gradient tensors (and the loss, if given) hold an inf or NaN: a (world_size,)
+        vector, this rank's own count in its slot, and (across_ranks) every rank's after one AllReduce."""
+        count = ops.addn(self.hyper_map(_not_finite, grads))
+        if loss is not None:
+            count = count + _count_not_finite(loss)
+        by_rank = self.this_rank * count
         if across_ranks and self.all_reduce is not None:
             by_rank = self.all_reduce(by_rank)
         return by_rank
 
     def overflow(self, grads, across_ranks: bool = True):
         """Whether any gradient element is inf or NaN, on this rank or (across_ranks) on any rank."""
-        return self.not_finite_by_rank(grads, across_ranks).sum() > 0
+        return self.not_finite_by_rank(grads, across_ranks=across_ranks).sum() > 0
 
     def update(self, overflow, by_rank=None, global_step=None):
         """After the gradients are checked: whether this step must leave the weights alone.
@@ -97,8 +106,8 @@ class LossScaler(nn.Cell):
         non-finite step is recorded (`bad_step`, `bad_ranks`, sticky) and it and every later step skipped.
 
         Args:
-            overflow: any rank's gradients (or their exchange) hold an inf or NaN.
-            by_rank: `not_finite_by_rank` across ranks (fixed scale).
+            overflow: any rank's gradients (or their exchange) hold an inf or NaN, or (fixed) its loss does.
+            by_rank: `not_finite_by_rank` of the gradients and the loss, across ranks (fixed scale).
             global_step: the optimizer's step counter before this step (fixed scale).
         """
         if not self.dynamic:
@@ -129,23 +138,64 @@ def _times_tensor(scalar, grad):
     return grad * ops.cast(scalar, grad.dtype)
 
 
-def check_finite(scaler: LossScaler) -> None:
-    """Stop a fixed-scale run whose gradients held an inf or NaN: call where the host waits for the device
-    anyway (log steps) and before any weights are written. Reads two small Parameters; free when dynamic.
+class FiniteWeights(nn.Cell):
+    """Whether these Parameters hold an inf or NaN (1.0) or not (0.0): run at log steps only (where the host
+    syncs anyway) on the unchecked path, where a non-finite gradient would reach the weights unseen.
+
+    One ReduceSum per tensor and one scalar check: a sum holding an inf or NaN is not finite (inf - inf is
+    NaN), and a single read pass costs a fraction of IsFinite, which writes a mask as large as the weights.
+    Finite weights whose sum overflows float32 (|w| ~ 1e31) would read as non-finite: a diverged run anyway.
+    """
+
+    def __init__(self, params):
+        super().__init__(auto_prefix=False)
+        self.params = ParameterTuple(params)
+        self.hyper_map = ops.HyperMap()
+
+    def construct(self):
+        return _count_not_finite(ops.addn(self.hyper_map(_sum_of, self.params)))
+
+
+_sum_of = ops.MultitypeFuncGraph("sum_of")
+
+
+@_sum_of.register("Tensor")
+def _tensor_sum(tensor):
+    return ops.cast(tensor, ms.float32).sum()
+
+
+def check_finite(scaler: LossScaler, weights: Optional[FiniteWeights] = None, loss: Optional[float] = None,
+                 step: int = 0) -> None:
+    """Stop a run that met an inf or NaN: call where the host waits for the device anyway (log steps, with the
+    window's mean `loss` over all ranks, the same on every rank) and before any weights are written.
+
+    Checked fixed scale: reads the sticky record the step keeps (the first bad step and its ranks). Unchecked
+    (float32): counts the non-finite `weights` (a non-finite gradient lands there). Every path: the loss.
 
     Raises:
-        NonFiniteError: naming the first such step and the ranks where it happened.
+        NonFiniteError: naming the step (or the last step of the window) and, where known, the ranks.
     """
-    if scaler.dynamic or not scaler.checked:
-        return
+    if scaler.checked and not scaler.dynamic:
+        _check_record(scaler)
+    if loss is not None and not math.isfinite(loss):
+        _stop(f"step {step}: the mean training loss since the last log line is {loss} (not finite)", scaler)
+    if weights is not None and float(weights().asnumpy()) > 0:
+        _stop(f"step {step}: the weights hold an inf or NaN, so the gradients of a step since the last check were "
+              "not finite", scaler)
+
+
+def _check_record(scaler: LossScaler) -> None:
     step = int(scaler.bad_step.asnumpy()[0])
     if step == 0:
         return
     ranks = [str(r) for r, count in enumerate(scaler.bad_ranks.asnumpy()) if count > 0]
     where = f"rank {', '.join(ranks)}" if ranks else "the float16 gradient exchange"
-    # Every rank reads the same all-reduced record, so one rank per host reports it (cli.cli_main).
+    _stop(f"step {step}: the loss or gradients are not finite (inf/NaN) on {where}", scaler)
+
+
+def _stop(what: str, scaler: LossScaler) -> None:
+    scale = f"the fixed loss scale {float(scaler.value.asnumpy()):g}" if not scaler.dynamic else "a dynamic loss scale"
+    # Every rank reads the same all-reduced record or cross-rank loss, so one rank per host reports it (cli.cli_main).
     with alike_on_every_rank():
-        raise NonFiniteError(f"step {step}: the loss or gradients are not finite (inf/NaN) on {where} with the fixed "
-                             f"loss scale {float(scaler.value.asnumpy()):g}; training stopped before writing weights. "
-                             "Use --loss_scale dynamic (it skips such steps), a smaller scale, or look at the data and "
-                             "the learning rate")
+        raise NonFiniteError(f"{what} with {scale}; training stopped before writing weights. Use --loss_scale dynamic "
+                             "(it skips overflowing steps), a smaller scale or learning rate, or look at the data")

@@ -39,12 +39,17 @@ def param_groups(params, weight_decay: float, lrs: np.ndarray = None, backbone_l
     """Decay conv and dense weights only; BatchNorm parameters and biases are left alone.
 
     With `backbone_lr_scale` != 1, every parameter outside the classifier (`head_prefix`) follows the
-    schedule `lrs` times that scale; the classifier follows `lrs` itself.
+    schedule `lrs` times that scale; the classifier follows `lrs` itself. The last group, `order_params`,
+    keeps the optimizer's parameter list (and so the gradient tuple) in network order, as MindSpore's
+    model zoo does (mindspore-ai/models official/cv/ResNet/src/util.py:25-36): without it MindSpore lists
+    the groups one after the other (nn/optim/optimizer.py:612-617), and a gradient bucket of consecutive
+    parameters would mix the first and the last layers.
     """
+    params = list(params)
     groups = [{"params": [p for p in params if p.ndim > 1], "weight_decay": weight_decay},
               {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}]
     if backbone_lr_scale == 1.0:
-        return groups
+        return groups + [{"order_params": params}]
     import mindspore as ms
     split = []
     for group in groups:
@@ -52,7 +57,7 @@ def param_groups(params, weight_decay: float, lrs: np.ndarray = None, backbone_l
             chosen = [p for p in group["params"] if p.name.startswith(head_prefix) == in_head]
             if chosen:
                 split.append({**group, "params": chosen, "lr": ms.Tensor((lrs * scale).astype(np.float32))})
-    return split
+    return split + [{"order_params": params}]
 
 
 def create_optimizer(params, lrs: np.ndarray, momentum: float, weight_decay: float, backbone_lr_scale: float = 1.0,

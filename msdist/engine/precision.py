@@ -10,6 +10,10 @@ device/option combination without a GPU.
   in float16, or `--grad_compression fp16`) and no scaling (a fixed 1) otherwise: float32 and
   bfloat16 gradients do not underflow. `dynamic` follows `nn.DynamicLossScaleUpdateCell`; a number
   is a fixed scale.
+- A fixed scale is checked for overflow every step only where float16 carries gradients: float32
+  gradients scaled by any power of two come back exact, so there the check would cost a pass over
+  every gradient and a collective per step for nothing (`LossScalePlan.checked`). Such runs, and every
+  other, still stop on an inf or NaN at the log steps (`loss_scale.check_finite`).
 """
 import difflib
 import logging
@@ -42,6 +46,13 @@ def resolve_amp_level(amp_level: str, device_target: str) -> str:
     return "O2" if device_target == "GPU" else "O0"
 
 
+def bn_stats_precision(device_target: str) -> str:
+    """The precision of SyncBatchNorm's statistics (`sync_bn.STATS_PRECISIONS`) on a device: float32 on GPU
+    (float64 arithmetic there runs at 1/32-1/64 of float32's rate on consumer cards, and the casts triple the
+    memory traffic), float64 on CPU (correctly rounded sums: the 1-vs-N equivalence's floor, docs/equivalence.md)."""
+    return "float32" if device_target == "GPU" else "float64"
+
+
 def warn_if_no_speedup(amp_level: str, device_target: str) -> None:
     """An explicit O2/O3 on CPU runs, but is slower and less accurate there: say so once, name `auto`."""
     if amp_level in ("O2", "O3") and device_target == "CPU":
@@ -71,11 +82,18 @@ def check_loss_scale(value: Union[str, float]) -> None:
 
 @dataclass(frozen=True)
 class LossScalePlan:
-    dynamic: bool   # adjust the scale (skipping steps whose gradients overflow)
-    initial: float  # the scale at the start (a fixed scale: the scale)
+    dynamic: bool         # adjust the scale (skipping steps whose gradients overflow)
+    initial: float        # the scale at the start (a fixed scale: the scale)
+    checked: bool = True  # check the gradients for inf/NaN every step (dynamic, or float16 gradients)
 
     def describe(self) -> str:
-        return f"dynamic from {self.initial:g}" if self.dynamic else f"fixed {self.initial:g}"
+        """For the start-up line: the scale, and whether each step pays for an overflow check."""
+        if self.dynamic:
+            return f"dynamic from {self.initial:g}"
+        if self.checked:
+            return f"fixed {self.initial:g}, overflow checked every step (float16 gradients)"
+        return (f"fixed {self.initial:g}, no per-step overflow check (float32 gradients: the scale cannot change "
+                "them); inf/NaN caught at log steps")
 
 
 def loss_scale_plan(loss_scale: Union[str, float], amp_level: str, amp_dtype: str,
@@ -89,9 +107,8 @@ def loss_scale_plan(loss_scale: Union[str, float], amp_level: str, amp_dtype: st
         grad_compression: an fp16 exchange carries gradients in float16 even at O0.
     """
     check_loss_scale(loss_scale)
-    if loss_scale == "dynamic":
-        return LossScalePlan(True, DYNAMIC_INITIAL_SCALE)
-    if loss_scale != "auto":
-        return LossScalePlan(False, float(loss_scale))
     float16_grads = (amp_level != "O0" and amp_dtype == "float16") or grad_compression == "fp16"
-    return LossScalePlan(True, DYNAMIC_INITIAL_SCALE) if float16_grads else LossScalePlan(False, 1.0)
+    if loss_scale == "dynamic" or (loss_scale == "auto" and float16_grads):
+        return LossScalePlan(True, DYNAMIC_INITIAL_SCALE)
+    fixed = 1.0 if loss_scale == "auto" else float(loss_scale)
+    return LossScalePlan(False, fixed, checked=float16_grads)

@@ -23,18 +23,17 @@ and residuals are in plain gradient units whatever the (dynamic) scale does; onl
 exchange gets the gradients still scaled (`reduces_scaled`), which keeps small values above float16's
 underflow.
 """
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from msdist.base.errors import ConfigError
+from msdist.engine.buckets import Bucket, plan_buckets, sizes_of
 
 COMPRESSIONS = ("none", "fp16", "topk", "threshold")
 RESIDUAL_PREFIX = "residual."
-# fp16 exchange: elements per all-reduce bucket (8 MiB of float16); ResNet-50's 25.6M elements make 7.
-FP16_BUCKET_ELEMENTS = 1 << 22
 
 
 def kept_elements(size: int, ratio: float) -> int:
@@ -42,46 +41,33 @@ def kept_elements(size: int, ratio: float) -> int:
     return max(1, min(size, int(size * ratio)))
 
 
-def buckets(sizes: Sequence[int], max_elements: int) -> List[Tuple[int, int]]:
-    """Split tensors (in order) into consecutive [start, end) runs of at most `max_elements` elements.
-
-    A tensor larger than `max_elements` gets a bucket of its own.
-    """
-    runs, start, filled = [], 0, 0
-    for i, size in enumerate(sizes):
-        if i > start and filled + size > max_elements:
-            runs.append((start, i))
-            start, filled = i, 0
-        filled += size
-    if sizes:
-        runs.append((start, len(sizes)))
-    return runs
-
-
 class Fp16BucketAllReduce(nn.Cell):
     """Mean over ranks carried in float16: gradients flattened into float16 buckets, one AllReduce each.
 
     MindSpore's `nn.DistributedGradReducer` casts float16 gradients back to float32 before its
-    all-reduce (mindspore/nn/wrap/grad_reducer.py), so it would send float32. Here each bucket of
-    consecutive gradients (at most `bucket_elements` elements; a larger tensor goes alone) is divided by
-    the world size, cast to float16, concatenated, summed with `ops.AllReduce` and split back, so the
-    wire carries 2 bytes per element. Dividing first keeps the sum in range when the single gradients
+    all-reduce (mindspore/nn/wrap/grad_reducer.py), so it would send float32. Here each bucket (the
+    run's `buckets.Bucket`s, the same as the float32 reducer's: contiguous in network order, sent last
+    layers first) is divided by the world size, cast to float16, concatenated, summed with
+    `ops.AllReduce` and split back, so the wire carries 2 bytes per element. Dividing first keeps the sum in range when the single gradients
     fit. The gradients arrive loss-scaled (`reduces_scaled`), which lifts small values above float16's
     underflow; an element that overflows float16 makes the step an overflow step (dynamic loss scale).
     """
 
     reduces_scaled = True  # step.ScaledUpdate hands over the gradients still loss-scaled
 
-    def __init__(self, params, world_size: int, bucket_elements: int = FP16_BUCKET_ELEMENTS):
+    def __init__(self, params, world_size: int, buckets: Sequence[Bucket]):
         super().__init__(auto_prefix=False)
         self.inv_world = 1.0 / world_size
         self.shapes = [tuple(p.shape) for p in params]
         self.sizes = [int(np.prod(p.shape)) for p in params]
-        self.runs = buckets(self.sizes, bucket_elements)
+        self.runs = tuple((b.first, b.last + 1) for b in buckets)  # send order
+        # Where each gradient lands in the send-ordered results: the output is in parameter order.
+        sent = [i for start, end in self.runs for i in range(start, end)]
+        self.position = tuple(sent.index(i) for i in range(len(params)))
         self.all_reduce = ops.AllReduce()
 
     def construct(self, grads):
-        reduced = ()
+        sent = ()
         for start, end in self.runs:
             flat = ()
             for i in range(start, end):
@@ -90,8 +76,11 @@ class Fp16BucketAllReduce(nn.Cell):
             offset = 0
             for i in range(start, end):
                 part = summed[offset:offset + self.sizes[i]]
-                reduced = reduced + (ops.cast(part, ms.float32).reshape(self.shapes[i]),)
+                sent = sent + (ops.cast(part, ms.float32).reshape(self.shapes[i]),)
                 offset = offset + self.sizes[i]
+        reduced = ()
+        for i in range(len(self.position)):
+            reduced = reduced + (sent[self.position[i]],)
         return reduced
 
 
@@ -176,7 +165,7 @@ class SparseAllGather(nn.Cell):
 
 
 def create_reducer(compression: str, params, world_size: int, *, topk_ratio: float = 0.01,
-                   threshold: float = 1e-3, error_feedback: bool = True):
+                   threshold: float = 1e-3, error_feedback: bool = True, buckets: Sequence[Bucket] = None):
     """The cell that turns each rank's gradients into their cross-rank mean; None on one rank.
 
     Args:
@@ -186,6 +175,8 @@ def create_reducer(compression: str, params, world_size: int, *, topk_ratio: flo
         topk_ratio: topk/threshold: fraction of each tensor sent.
         threshold: threshold: gradient magnitude to exceed.
         error_feedback: topk/threshold: keep residuals of what was not sent.
+        buckets: none/fp16: the gradient buckets in send order (`step.bucket_gradients`, which also tags the
+            parameters the float32 reducer reads); fp16 plans its own by bytes when not given.
     """
     if compression not in COMPRESSIONS:
         raise ConfigError(f"grad_compression {compression!r} is not one of {', '.join(COMPRESSIONS)}")
@@ -194,7 +185,7 @@ def create_reducer(compression: str, params, world_size: int, *, topk_ratio: flo
     if compression == "none":
         return default_reducer(params, world_size)
     if compression == "fp16":
-        return Fp16BucketAllReduce(params, world_size)
+        return Fp16BucketAllReduce(params, world_size, buckets or plan_buckets(sizes_of(params)))
     cutoff = threshold if compression == "threshold" else None
     return SparseAllGather(params, world_size, topk_ratio, cutoff, error_feedback)
 

@@ -1,22 +1,30 @@
 """The network and the compiled train step (plain, or accumulating micro-batches)."""
+import math
+from typing import List, Optional, Sequence
+
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from models import DEFAULT_CONVENTION
-from msdist.base.errors import ConfigError
+from msdist.engine import buckets, loss_scale
 from msdist.engine.loss import SparseCrossEntropy
 
 
 class ScaledUpdate(nn.Cell):
-    """Loss-scaled gradients in, one optimizer step out: overflow check, reduction, unscale, update.
+    """Loss-scaled gradients in, one optimizer step out: reduction, unscale, overflow check, update.
 
-    A step whose gradients overflow on any rank is skipped on every rank: the gradients are zeroed
-    before the collectives (so no inf reaches them or the error-feedback residuals), the optimizer
-    does not run (its step counter still advances, so the learning rate follows the data step as the
-    logs do). A dynamic scale then halves; a fixed one records the step and skips every later step
-    too, until the host stops the run (`loss_scale.check_finite`). A fixed scale of 1 (no scaling)
-    adds no check.
+    Unchecked (a fixed scale under float32, `loss_scale.LossScaler.checked`): reduce, unscale, update;
+    nothing else. Checked: a step whose gradients overflow on any rank is skipped on every rank (the
+    optimizer does not run; its step counter still advances, so the learning rate follows the data step
+    as the logs do). A dynamic scale then halves; a fixed one records the step and skips every later step
+    too, until the host stops the run (`loss_scale.check_finite`); a fixed scale also counts the loss.
+
+    The verdict comes from the reduced gradients: a sum over ranks holds any rank's inf or NaN, so every
+    rank reads the same verdict without a collective of its own. A flag all-reduced BEFORE the exchange
+    would depend on every gradient, so no bucket (`buckets.plan_buckets`) could leave before backward ended.
+    Only reducers with rank-local state (`guards_state`: the top-K residuals) still get the verdict first,
+    because a skipped step must leave their residuals as they were.
 
     Args:
         optimizer: its own `loss_scale` must be 1 (unscaling happens here).
@@ -42,18 +50,38 @@ class ScaledUpdate(nn.Cell):
             return self.reducer(grads, skip)
         return self.reducer(grads)
 
-    def construct(self, grads):
+    def _verdict_first(self, grads, loss):
+        """(unscaled reduced gradients, overflow, per-rank counts): flag all-reduced before the exchange."""
+        by_rank = self.scaler.not_finite_by_rank(grads, None if self.scaler.dynamic else loss)
+        overflow = by_rank.sum() > 0
+        # Zeroed, so no inf reaches the exchange or the residuals.
+        grads = self.hyper_map(ops.partial(_zero_if, overflow), grads)
+        return self._reduce(self.scaler.unscale(grads), overflow), overflow, by_rank
+
+    def _verdict_from_sums(self, grads, loss):
+        """(unscaled reduced gradients, overflow, per-rank counts or None): each bucket leaves on its own."""
+        if self.reduces_scaled:
+            reduced = self.scaler.unscale(self._reduce(grads, None))
+        else:
+            reduced = self._reduce(self.scaler.unscale(grads), None)
+        if self.scaler.dynamic:
+            # The sums carry any rank's inf or NaN, and a float16 exchange's own overflow.
+            return reduced, self.scaler.overflow(reduced, across_ranks=False), None
+        # Fixed: each rank's count of its gradients and its loss (the error line names the ranks; the sums carry
+        # no loss). This AllReduce reads every local gradient, but no bucket waits for it: only the update does.
+        by_rank = self.scaler.not_finite_by_rank(grads, loss)
+        overflow = by_rank.sum() > 0
+        if self.reduces_scaled:  # a float16 exchange can overflow by itself
+            overflow = ops.logical_or(overflow, self.scaler.overflow(reduced, across_ranks=False))
+        return reduced, overflow, by_rank
+
+    def construct(self, grads, loss):
         if not self.scaler.checked:
             return self.optimizer(self._reduce(self.scaler.unscale(grads), None))
-        by_rank = self.scaler.not_finite_by_rank(grads)
-        overflow = by_rank.sum() > 0
-        grads = self.hyper_map(ops.partial(_zero_if, overflow), grads)
-        if self.reduces_scaled:
-            grads = self.scaler.unscale(self._reduce(grads, overflow))
-            # A float16 exchange can overflow by itself; its result is the same on every rank.
-            overflow = ops.logical_or(overflow, self.scaler.overflow(grads, across_ranks=False))
+        if self.guards_state:
+            grads, overflow, by_rank = self._verdict_first(grads, loss)
         else:
-            grads = self._reduce(self.scaler.unscale(grads), overflow)
+            grads, overflow, by_rank = self._verdict_from_sums(grads, loss)
         overflow = self.scaler.update(overflow, by_rank, self.optimizer.global_step)
         # A skipped step still moves the schedule's position (the optimizer moves it when it runs).
         overflow = ops.depend(overflow, ops.assign_add(self.optimizer.global_step,
@@ -72,20 +100,38 @@ def _zero_if_flag(flag, grad):
 
 
 class _ApplyAccumulated(nn.Cell):
-    """Average the accumulated gradients, reduce them over ranks once, step the optimizer, clear."""
+    """Average the accumulated gradients and losses, reduce the gradients over ranks once, step the optimizer,
+    clear the buffers; the mean loss."""
 
-    def __init__(self, accumulated: ParameterTuple, update: ScaledUpdate, accum_steps: int):
+    def __init__(self, accumulated: ParameterTuple, loss_sum: Parameter, loss_total: Parameter, update: ScaledUpdate,
+                 accum_steps: int):
         super().__init__(auto_prefix=False)
         self.accumulated = accumulated
+        self.loss_sum = loss_sum
+        self.loss_total = loss_total
         self.update = update
         self.inv_steps = 1.0 / accum_steps
         self.hyper_map = ops.HyperMap()
 
     def construct(self):
         grads = self.hyper_map(ops.partial(_scaled_cast, self.inv_steps, mstype.float32), self.accumulated)
-        done = self.update(grads)
+        loss = self.loss_sum * self.inv_steps
+        done = self.update(grads, loss)
         # Auto-monad keeps side effects in program order: the buffers are read above, cleared here.
-        return ops.depend(done, self.hyper_map(_clear, self.accumulated))
+        loss = ops.depend(loss, self.hyper_map(_clear, self.accumulated))
+        loss = ops.depend(ops.depend(loss, _clear_buffer(self.loss_sum)), done)
+        return ops.depend(loss, ops.assign_add(self.loss_total, loss))
+
+
+class _MicroBatches(nn.Cell):
+    """A batch split into equal micro-batches on the device, in one compiled launch (no copy through the host)."""
+
+    def __init__(self, parts: int):
+        super().__init__(auto_prefix=False)
+        self.parts = parts
+
+    def construct(self, images, labels):
+        return ops.split(images, images.shape[0] // self.parts), ops.split(labels, labels.shape[0] // self.parts)
 
 
 _scaled_cast = ops.MultitypeFuncGraph("scaled_cast")
@@ -132,19 +178,27 @@ class TrainStep(nn.Cell):
         self.scaler = scaler
         self.accum_steps = accum_steps
         update = ScaledUpdate(optimizer, reducer, scaler)
+        # Unchecked (float32, fixed scale): no step checks, so the log steps read whether the weights are finite.
+        self.finite_weights = None if scaler.checked else loss_scale.FiniteWeights(self.weights)
+        self.loss_total = Parameter(Tensor(0.0, mstype.float32), name="loss_total", requires_grad=False)
+        self.losses = LossAccumulator(self.loss_total)
         if accum_steps == 1:
             self.update = update
         else:
             self.accumulated = ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"accum.{p.name}",
                                                          requires_grad=False) for p in self.weights])
+            self.loss_sum = Parameter(Tensor(0.0, mstype.float32), name="accum.loss", requires_grad=False)
             self.hyper_map = ops.HyperMap()
-            self.apply_step = _ApplyAccumulated(self.accumulated, update, accum_steps)
+            self.apply_step = _ApplyAccumulated(self.accumulated, self.loss_sum, self.loss_total, update, accum_steps)
+            self.micro_batches = _MicroBatches(accum_steps)
 
     def construct(self, images, labels):
         loss = self.net_with_loss(images, labels)
         grads = self.grad(self.net_with_loss, self.weights)(images, labels, self.scaler.sens(loss))
         if self.accum_steps == 1:
-            return ops.depend(loss, self.update(grads))
+            loss = ops.depend(loss, self.update(grads, loss))
+            return ops.depend(loss, ops.assign_add(self.loss_total, ops.cast(loss, mstype.float32)))
+        loss = ops.depend(loss, ops.assign_add(self.loss_sum, ops.cast(loss, mstype.float32)))
         return ops.depend(loss, self.hyper_map(ops.assign_add, self.accumulated, grads))
 
     def compile(self, images, labels):
@@ -154,13 +208,14 @@ class TrainStep(nn.Cell):
             self.apply_step.compile()
 
     def train_on(self, images, labels):
-        """One optimizer step on this rank's batch (split into `accum_steps` micro-batches); the mean loss."""
+        """One optimizer step on this rank's batch (split into `accum_steps` micro-batches on the device); the
+        mean loss, a device Tensor, also added to `losses` on the device."""
+        self.losses.step_done()
         if self.accum_steps == 1:
             return self(images, labels)
-        losses = [self(Tensor(x), Tensor(y)) for x, y in zip(np.split(images.asnumpy(), self.accum_steps),
-                                                               np.split(labels.asnumpy(), self.accum_steps))]
-        self.apply_step()
-        return sum(losses[1:], losses[0]) * (1.0 / self.accum_steps)
+        for micro_images, micro_labels in zip(*self.micro_batches(images, labels)):
+            self(micro_images, micro_labels)
+        return self.apply_step()
 
 
 def create_loss(soft_labels: bool):
@@ -182,17 +237,18 @@ def label_placeholder(batch: int, num_classes: int, soft_labels: bool):
 
 
 def build_network(model: str, num_classes: int, zero_init_last_bn: bool, sync_bn: bool, world_size: int,
-                  convention: str = DEFAULT_CONVENTION):
+                  convention: str = DEFAULT_CONVENTION, bn_stats: str = "float64"):
     """The model from the registry, with cross-rank BatchNorm swapped in when asked.
 
     Args:
         convention: how its parameter-free layers pad (models.CONVENTIONS), after the weights it will hold.
+        bn_stats: sync_bn's statistics precision (`precision.bn_stats_precision` of the device).
     """
     from models import create_model
     net = create_model(model, num_classes, zero_init_last_bn=zero_init_last_bn, convention=convention)
     if sync_bn:
         from msdist.engine.sync_bn import convert_sync_batchnorm
-        net = convert_sync_batchnorm(net, world_size)
+        net = convert_sync_batchnorm(net, world_size, bn_stats)
     return net
 
 
@@ -213,48 +269,66 @@ def mixed_precision(net, amp_level: str, amp_dtype: str):
     return ms.amp.auto_mixed_precision(net, amp_level, dtype=dtype)
 
 
-def split_allreduce_fusion(indices, num_params: int, world_size: int) -> None:
-    """Split MindSpore's fused gradient all-reduce after these parameter indices (`--allreduce_fusion`).
+def bucket_gradients(net, split_after: Optional[Sequence[int]], world_size: int) -> List[buckets.Bucket]:
+    """Cut the gradients into all-reduce buckets (`--allreduce_fusion`) and tag each parameter with its bucket.
 
-    MindSpore's model zoo trains ResNet-50 on GPU with [85, 160]: the gradients of the last layers
-    (computed first) are reduced while backward still runs through the first ones.
+    Each trainable parameter's `comm_fusion` becomes its bucket's number in send order (1 = the last
+    layers'), so MindSpore's reducer gives each bucket one fused AllReduce (nn/wrap/grad_reducer.py:67-95,
+    `_init_allreduce_operators_by_parameters`: one op per parameter carrying its `comm_fusion`; the backend
+    fuses equal ids). `split_after` indices count in network order: MindSpore's own
+    `all_reduce_fusion_config` counts in the optimizer's order, which is group by group
+    (nn/optim/optimizer.py:612-617) unless `order_params` restores it, as `optim.param_groups` does.
+
+    Args:
+        split_after: None = `auto` (DEFAULT_BUCKET_BYTES); [] = one bucket; else cut after these indices.
+        world_size: on one rank nothing is reduced: no tags.
 
     Raises:
         ConfigError: an index at or past the model's trainable parameter count.
     """
-    if not indices or world_size == 1:
-        return
-    if indices[-1] >= num_params:
-        raise ConfigError(f"--allreduce_fusion index {indices[-1]} is past the model's last trainable parameter "
-                          f"(it has {num_params}); use indices below {num_params}")
+    plan = buckets.plan(buckets.parameter_sizes(net), split_after)
+    if world_size > 1:
+        params = {p.name: p for p in net.trainable_params()}
+        for number, bucket in enumerate(plan, start=1):
+            for name in bucket.names:
+                params[name].comm_fusion = number
+        _enable_fusion(max(b.nbytes for b in plan))
+    return plan
+
+
+def _enable_fusion(largest_bucket_bytes: int) -> None:
+    """Let the backend fuse each bucket's AllReduce ops into one, and no further split.
+
+    GPU always runs MindSpore's AllReduceFusion pass; CPU only once `enable_all_reduce_fusion` is set
+    (plugin/device/cpu/hal/hardware/cpu_device_context.cc, CPUKernelExecutor::OptimizeGraph), which a
+    `comm_fusion` setting does (parallel/_auto_parallel_context.py:1261). In data-parallel mode the pass
+    cuts a fused group again past `dp_fusion_threshold_mb` (backend/common/pass/communication_op_fusion.cc,
+    GetAllReduceSplitSegment), so the threshold goes above the largest bucket.
+    """
     import mindspore as ms
-    ms.set_auto_parallel_context(all_reduce_fusion_config=list(indices))
-
-
-class _Add(nn.Cell):
-    def construct(self, a, b):
-        return a + b
+    ms.set_auto_parallel_context(comm_fusion={"allreduce": {"mode": "size",
+                                                            "config": math.ceil(largest_bucket_bytes / 2**20) + 1}})
 
 
 class LossAccumulator:
-    """Step losses summed on the device, read to the host only when asked (at log steps).
+    """Step losses summed on the device by the train step itself (one AssignAdd inside its graph, no launch of
+    its own), read to the host only when asked (at log steps).
 
     Reading a device value waits for every step queued before it, so reading each step's loss would
     make the host wait for the device every step instead of queueing the next one.
     """
 
-    def __init__(self):
-        self._sum = None
+    def __init__(self, total: Parameter):
+        self._total = total
         self._steps = 0
-        self._add = _Add()  # a compiled graph: launched like the train step, without an eager-mode op
 
-    def add(self, loss) -> None:
-        """Add one step's loss (a device Tensor); no host sync."""
-        self._sum = loss if self._sum is None else self._add(self._sum, loss)
+    def step_done(self) -> None:
+        """Count one optimizer step, whose loss its graph has added to the total; no host sync."""
         self._steps += 1
 
     def read(self) -> float:
-        """Mean of the losses added since the last read; blocks until they are computed."""
-        mean = float(self._sum.asnumpy()) / self._steps
-        self._sum, self._steps = None, 0
+        """Mean of the losses since the last read; blocks until they are computed. Restarts the sum."""
+        mean = float(self._total.asnumpy()) / self._steps
+        self._total.set_data(Tensor(0.0, mstype.float32))
+        self._steps = 0
         return mean

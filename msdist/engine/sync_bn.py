@@ -17,9 +17,17 @@ same two collectives as PyTorch's SyncBatchNorm:
 Every rank's batch has the same shape (one graph serves all ranks, and msdist's loader drops the
 remainder), so the global count is a number known when the graph is built, not a collective's payload.
 
-On CPU the layer's cost is in its per-channel reductions and full-size temporaries, so: the forward
-sums are float64 matrix products (`_exact_channel_sums`: the same correctly rounded sums as
-MindSpore's ReduceSum, several times faster); every per-channel affine map of a full-size tensor
+The statistics come in two precisions (`STATS_PRECISIONS`, chosen by `precision.bn_stats_precision`):
+
+- float64 (CPU): the forward sums are float64 matrix products (`_exact_channel_sums`: the same
+  correctly rounded sums as MindSpore's ReduceSum, several times faster), which keeps the 1-vs-N
+  equivalence of docs/equivalence.md bit-close;
+- float32 (GPU, where float64 runs at 1/32 to 1/64 of the float32 rate on consumer cards): float32
+  sums in the corrected two-pass form (`_float32_moments`: the mean, then the sums of the centred
+  values and of their squares, which correct the mean and give M2 without cancellation), merged
+  across ranks by the same Chan formula. Tested on CPU against a float64 reference.
+
+On CPU the layer's cost is in its per-channel reductions and full-size temporaries, so every per-channel affine map of a full-size tensor
 goes through MindSpore's fused inference BatchNorm kernel, one output tensor; and the statistics
 (`_GlobalMoments`) are computed apart from the normalization (`_SyncNormalize`), whose backward reads
 its inputs only, so the step keeps no more activations than with nn.BatchNorm2d.
@@ -40,6 +48,7 @@ from mindspore.ops.operations._grad_ops import BatchNormGrad  # nn.BatchNorm2d's
 
 _logger = logging.getLogger(__name__)
 DIST_BN_MODES = ("reduce", "broadcast", "none")
+STATS_PRECISIONS = ("float64", "float32")
 
 
 def _exact_channel_sums(t):
@@ -56,6 +65,19 @@ def _exact_channel_sums(t):
     n, c, h, w = t.shape
     rows = ops.matmul(ops.cast(t, ms.float64).reshape((n * c, h * w)), ops.ones((h * w, 1), ms.float64))
     return ops.cast(rows.reshape((n, c)).sum(axis=0), ms.float32)
+
+
+def _float32_moments(t, affine, one, zero):
+    """(mean, M2) per channel of a float32 NCHW tensor with float32 sums only, by the corrected two-pass
+    algorithm (Chan, Golub & LeVeque 1983): a first mean, then the sums of the centred values d and of d^2.
+    sum(d) corrects the first mean's rounding, and M2 = sum(d^2) - sum(d)^2 / n has no E[x^2] - E[x]^2
+    cancellation however far the mean lies from zero."""
+    n = _per_rank_count(t)
+    rough = t.sum(axis=(0, 2, 3)) / n
+    centred = affine(t, one, zero, rough)
+    residual = centred.sum(axis=(0, 2, 3))
+    m2 = ops.square(centred).sum(axis=(0, 2, 3)) - ops.square(residual) / n
+    return rough + residual / n, ops.maximum(m2, zero)
 
 
 def _per_rank_count(t):
@@ -104,17 +126,21 @@ class _GlobalMoments(_BatchNormMath):
     the remainder), so the global count is known when the graph is built.
     """
 
-    def __init__(self, eps: float, channels: int, world_size: int):
+    def __init__(self, eps: float, channels: int, world_size: int, stats: str = "float64"):
         super().__init__(eps, channels)
         self.one = ms.Tensor(np.ones(channels, np.float32))
         self.world_size = world_size
         self.gather = ops.AllGather() if world_size > 1 else None
+        self.exact = stats == "float64"
 
     def construct(self, x):
         n_local = _per_rank_count(x)
-        mean_local = _exact_channel_sums(x) / n_local
-        # Two-pass: the sum of squares of the centred values, no E[x^2] - E[x]^2 cancellation.
-        m2_local = _exact_channel_sums(ops.square(self.affine(x, self.one, self.zero, mean_local)))
+        if self.exact:
+            mean_local = _exact_channel_sums(x) / n_local
+            # Two-pass: the sum of squares of the centred values, no E[x^2] - E[x]^2 cancellation.
+            m2_local = _exact_channel_sums(ops.square(self.affine(x, self.one, self.zero, mean_local)))
+        else:
+            mean_local, m2_local = _float32_moments(x, self.affine, self.one, self.zero)
         if self.gather is None:
             return mean_local, m2_local / n_local
         count = _global_count(x, self.world_size)
@@ -181,9 +207,10 @@ class SyncBatchNorm2d(nn.BatchNorm2d):
         bn: the BatchNorm2d whose parameters and hyper-parameters are taken over.
         world_size: number of ranks normalized over (1 = this process only: the same statistics, no
             collectives; the control that measures how MindSpore's fused BatchNorm rounds differently).
+        stats: the statistics' precision, one of STATS_PRECISIONS (`precision.bn_stats_precision`).
     """
 
-    def __init__(self, bn: nn.BatchNorm2d, world_size: int):  # pylint: disable=super-init-not-called
+    def __init__(self, bn: nn.BatchNorm2d, world_size: int, stats: str = "float64"):  # pylint: disable=super-init-not-called
         # A BatchNorm2d by type, so MindSpore's AMP black list (isinstance) keeps it float32 at O2;
         # nn.BatchNorm2d.__init__ is skipped because it would create Parameters that bn already holds.
         nn.Cell.__init__(self, auto_prefix=False)  # pylint: disable=non-parent-init-called
@@ -200,7 +227,7 @@ class SyncBatchNorm2d(nn.BatchNorm2d):
             # reducer skips layerwise_parallel parameters. msdist's compressed reducers average them again, which
             # leaves identical values as they are.
             self.gamma.layerwise_parallel = self.beta.layerwise_parallel = True
-        self.moments = _GlobalMoments(self.eps, self.num_features, world_size)
+        self.moments = _GlobalMoments(self.eps, self.num_features, world_size, stats)
         self.sync_normalize = _SyncNormalize(self.eps, self.num_features, world_size)
         self.inference = ops.BatchNorm(is_training=False, epsilon=self.eps)
 
@@ -220,20 +247,21 @@ class SyncBatchNorm2d(nn.BatchNorm2d):
         return ops.cast(y, x.dtype)
 
 
-def convert_sync_batchnorm(net: nn.Cell, world_size: int) -> nn.Cell:
-    """Replace every `nn.BatchNorm2d` in `net` with `SyncBatchNorm2d`, in place.
+def convert_sync_batchnorm(net: nn.Cell, world_size: int, stats: str = "float64") -> nn.Cell:
+    """Replace every `nn.BatchNorm2d` in `net` with `SyncBatchNorm2d` (statistics in `stats`), in place.
 
     With one rank there is nothing to synchronize: the model keeps MindSpore's fused BatchNorm,
     which is exactly plain BatchNorm.
     """
     if world_size == 1:
         return net
-    replaced = replace_batchnorm(net, world_size)
-    _logger.info("sync_bn: %d BatchNorm layers now normalize over all %d ranks", replaced, world_size)
+    replaced = replace_batchnorm(net, world_size, stats)
+    _logger.info("sync_bn: %d BatchNorm layers now normalize over all %d ranks (%s statistics)", replaced,
+                 world_size, stats)
     return net
 
 
-def replace_batchnorm(net: nn.Cell, world_size: int) -> int:
+def replace_batchnorm(net: nn.Cell, world_size: int, stats: str = "float64") -> int:
     """Swap every plain `nn.BatchNorm2d` in `net` for a `SyncBatchNorm2d` over `world_size` ranks.
 
     `world_size=1` gives msdist's BatchNorm math on one process: the control that measures how far
@@ -248,7 +276,7 @@ def replace_batchnorm(net: nn.Cell, world_size: int) -> int:
             if type(child) is nn.BatchNorm2d:  # pylint: disable=unidiomatic-typecheck  # not SyncBatchNorm2d
                 # Cell has no public "replace child" API; swap the entry and refresh the
                 # SequentialCell's cached list, which its construct() iterates.
-                cell._cells[child_name] = SyncBatchNorm2d(child, world_size)  # pylint: disable=protected-access
+                cell._cells[child_name] = SyncBatchNorm2d(child, world_size, stats)  # pylint: disable=protected-access
                 if hasattr(cell, "cell_list"):
                     cell.cell_list = list(cell._cells.values())  # pylint: disable=protected-access
                 replaced += 1

@@ -79,7 +79,6 @@ class Model:
     train_step: object       # msdist.engine.step.TrainStep, compiled
     lrs: np.ndarray
     compile_seconds: float
-    losses: object           # step.LossAccumulator: the loss stays on the device between log steps
     convention: str          # how the network pads (models.CONVENTIONS), recorded in its checkpoints
 
 
@@ -120,7 +119,7 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
         source = weights.read(cfg.pretrained) if cfg.pretrained else None
     convention = _convention(cfg, dist.rank, source)
     net = step.build_network(cfg.model, data.num_classes, cfg.zero_init_last_bn, cfg.sync_bn,
-                             dist.world_size, convention)
+                             dist.world_size, convention, plan.bn_stats)
     if source is not None:  # before resume, which overrides it
         with alike_on_every_rank():
             weights.load_pretrained(net, source, cfg.model)
@@ -130,17 +129,18 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
     lrs = options.learning_rates(cfg, dist.world_size, data.steps_per_epoch)
     optimizer = optim.create_optimizer(net.trainable_params(), lrs, cfg.momentum, cfg.weight_decay,
                                        cfg.backbone_lr_scale, weights.HEAD_PREFIX)
-    step.split_allreduce_fusion(plan.fusion, len(optimizer.parameters), dist.world_size)
+    gradient_buckets = step.bucket_gradients(net, plan.fusion, dist.world_size)
     reducer = reducers.create_reducer(plan.grad_compression, optimizer.parameters, dist.world_size,
                                       topk_ratio=plan.topk_ratio, threshold=plan.threshold,
-                                      error_feedback=plan.error_feedback)
+                                      error_feedback=plan.error_feedback, buckets=gradient_buckets)
     scaler = loss_scale.LossScaler(plan.loss_scale, dist.world_size, rank=dist.rank)
     # batch_size stays the global batch of one optimizer step; accumulation splits each rank's share.
     micro_batch, size = plan.micro_batch, data.train_input.image_size
     soft_labels = data.train_input.regularization.soft_labels
     train_step = step.TrainStep(net, step.create_loss(soft_labels), optimizer, scaler, reducer, plan.accum_steps)
-    _logger.info("gradients: %s | %d micro-batch(es) of %d per rank per optimizer step", plan.grad_compression,
-                 plan.accum_steps, micro_batch)
+    _logger.info("gradients: %s in %d bucket(s), last layers first (%s MB) | %d micro-batch(es) of %d per rank per "
+                 "optimizer step", plan.grad_compression, len(gradient_buckets),
+                 "/".join(f"{b.nbytes / 2**20:.1f}" for b in gradient_buckets), plan.accum_steps, micro_batch)
     train_step.set_train(True)
     compile_start = time.perf_counter()
     with runtime.compile_cache_scope(rt):  # compiled ahead of the first batch, so a restart can load it
@@ -150,5 +150,4 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
     _logger.info("train step compiled in %.1f s", compile_seconds)
     runtime.release_compile_memory()
     averaged = ema.create(net, cfg.ema_decay)  # after --pretrained, so the average starts from those weights
-    return Model(net, optimizer, reducer, scaler, averaged, train_step, lrs, compile_seconds, step.LossAccumulator(),
-                 convention)
+    return Model(net, optimizer, reducer, scaler, averaged, train_step, lrs, compile_seconds, convention)

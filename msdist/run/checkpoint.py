@@ -267,8 +267,9 @@ def load(path: str, expected: Dict[str, tuple], optional_prefixes: tuple = (), r
     Args:
         path: a MindSpore .ckpt (protobuf) or .safetensors file.
         expected: parameter name -> (shape, dtype string) of everything that must be restored.
-        optional_prefixes: extra names starting with these are dropped instead of reported as unexpected
-            (evaluation ignores the optimizer state a training checkpoint carries).
+        optional_prefixes: names starting with these may be missing from the file, and extra ones are dropped
+            instead of reported as unexpected (evaluation ignores the optimizer state a training checkpoint
+            carries; a job of another world size has other gradient-compression residuals).
         resume: `--resume` reads it: a file of weights alone (converted, `save_weights`) is refused.
 
     Returns:
@@ -287,7 +288,7 @@ def load(path: str, expected: Dict[str, tuple], optional_prefixes: tuple = (), r
     meta = json.loads(raw.pop(META_KEY, "{}"))
     for name in [n for n in raw if n not in expected and n.startswith(optional_prefixes)]:
         del raw[name]
-    _check_fits(path, raw, expected)
+    _check_fits(path, raw, {n: v for n, v in expected.items() if n in raw or not n.startswith(optional_prefixes)})
     return {"params": raw, "state": state, "meta": meta}
 
 

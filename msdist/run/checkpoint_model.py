@@ -87,7 +87,8 @@ def resume_meta(resume: str, directory: str, prefix: str, rank: int) -> Dict:
     """
     if resume != "auto":
         return stored_meta(resume) if resume else {}
-    found = checkpoint.list_checkpoints(directory, prefix, rank)
+    # A grown job's new rank has none of its own: it resumes from rank 0's (resume_point).
+    found = checkpoint.list_checkpoints(directory, prefix, rank) or checkpoint.list_checkpoints(directory, prefix, 0)
     return stored_meta(found[0].path) if found else {}
 
 

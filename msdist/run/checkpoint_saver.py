@@ -3,7 +3,6 @@ import logging
 import os
 from typing import Dict, List, Optional, Sequence
 
-from msdist.base.errors import CheckpointError
 from msdist.run import checkpoint
 from msdist.run.checkpoint import CheckpointInfo
 from msdist.run.checkpoint_model import is_training_state, training_state_prefixes
@@ -25,7 +24,7 @@ class Saver:
         net: the model; its parameters are the model part of every checkpoint.
         train_state: the other Parameters an exact resume needs (optimizer moments and step counter,
             gradient-compression residuals, loss scale, EMA), each named under `training_state_prefixes()`.
-        collectives: `distributed.Collectives`, for the replica check and for agreeing on a resume point.
+        collectives: `distributed.Collectives`, for the replica check and sharing files with rank 0.
         meta: the model's metadata (`checkpoint_model.model_meta`), stored in every checkpoint so predict and
             export need nothing else.
     """
@@ -44,7 +43,8 @@ class Saver:
         self.meta = meta
         self.newest: Optional[CheckpointInfo] = None
 
-    def _state(self, at: Position) -> Dict:
+    def state(self, at: Position) -> Dict:
+        """What every checkpoint of this run records of position `at` (and the config hash)."""
         return {"epoch": at.epoch, "step": at.step, "global_step": at.global_step, "config_hash": self.config_hash}
 
     def save(self, at: Position) -> CheckpointInfo:
@@ -52,7 +52,7 @@ class Saver:
         from msdist.cluster.distributed import check_replicas_identical
         check_replicas_identical(self.collectives, self.net, f"at epoch {at.epoch} step {at.step}")
         self.newest = checkpoint.save([{"name": p.name, "data": p} for p in self.params], self.directory,
-                                      self.prefix, self.rank, self._state(at), self.meta)
+                                      self.prefix, self.rank, self.state(at), self.meta)
         self._share_with_rank0(self.newest.path)
         checkpoint.prune(self.directory, self.prefix, self.rank, self.keep)
         _logger.info("saved %s", self.newest.path)
@@ -67,7 +67,7 @@ class Saver:
         """
         saved = self.newest.path if self.newest is not None and self.newest.position == at else None
         better = checkpoint.keep_best([{"name": p.name, "data": p} for p in self.net.get_parameters()],
-                                      self.directory, self.prefix, self.rank, self._state(at), accuracy, self.meta,
+                                      self.directory, self.prefix, self.rank, self.state(at), accuracy, self.meta,
                                       saved=saved)
         best = checkpoint.best_path(self.directory, self.prefix, self.rank)
         self._share_with_rank0(best if better else None)
@@ -78,7 +78,7 @@ class Saver:
     def save_tagged(self, tag: str, params: List[dict], at: Position) -> str:
         """Write `params` as this rank's `{prefix}_rank{r}_{tag}.ckpt` (e.g. the EMA weights); return its path."""
         path = checkpoint.tagged_path(self.directory, self.prefix, self.rank, tag)
-        checkpoint.save_as(params, path, self._state(at), self.meta)
+        checkpoint.save_as(params, path, self.state(at), self.meta)
         self._share_with_rank0(path)
         return path
 
@@ -102,28 +102,34 @@ class Saver:
         if theirs is not None and theirs["sha256"] == digest:   # else rank 0 writes elsewhere (another host)
             checkpoint.link(first, path)   # where the file system has no hard links, the copy stays
 
-    def resume(self, resume: str) -> Optional[CheckpointInfo]:
-        """Restore every Parameter this Saver writes (model and training state) from a checkpoint.
+    def resume(self, path: str, drop_residuals: bool = False) -> CheckpointInfo:
+        """Restore every Parameter this Saver writes (model and training state) from checkpoint `path`
+        (`--resume PATH`, or the one `resume_point.agree` chose for `--resume auto`).
+
+        Gradient-compression residuals are rank-local: restored only when the file holds exactly this job's
+        (same world size, this rank's own file); otherwise they start from zero, as in a fresh run.
 
         Args:
-            resume: "" (fresh start), "auto" (newest checkpoint every rank has) or a checkpoint path.
+            drop_residuals: the file is another rank's (rank 0's, for a rank that had none of its own).
 
         Returns:
-            The checkpoint restored, with the position it recorded; None for a fresh start.
+            The checkpoint restored, with the position it recorded.
         """
-        if not resume:
-            return None
-        if resume == "auto":
-            info = _agreed_checkpoint(self.directory, self.prefix, self.rank, self.collectives)
-            if info is None:
-                _logger.info("resume auto: no checkpoint in %s yet; starting fresh", self.directory)
-                return None
-            path = info.path
-        else:
-            path = resume
-        loaded = checkpoint.load(path, checkpoint.shapes_of(self.params), resume=True)
+        from msdist.engine import reducers
+        residual = reducers.RESIDUAL_PREFIX
+        loaded = checkpoint.load(path, checkpoint.shapes_of(self.params), optional_prefixes=(residual,),
+                                  resume=True)
+        mine = {p.name for p in self.params if p.name.startswith(residual)}
+        theirs = {n for n in loaded["params"] if n.startswith(residual)}
+        if mine != theirs and not drop_residuals:  # a rank resuming from rank 0's file has said so already
+            _logger.warning("%s holds %d gradient-compression residuals, this job %d (the world size changed): "
+                            "they start from zero", path, len(theirs), len(mine))
+        keep_residuals = mine == theirs and not drop_residuals
         for param in self.params:  # `load` checked that names, shapes and dtypes are exactly these
-            param.set_data(loaded["params"][param.name].data, param.sliced)  # as ms.load_param_into_net
+            if param.name.startswith(residual) and not keep_residuals:
+                param.set_data(_zeros_like(param))
+            else:
+                param.set_data(loaded["params"][param.name].data, param.sliced)  # as ms.load_param_into_net
         state = loaded["state"]
         if state.get("config_hash") not in (None, self.config_hash):
             _logger.warning("resuming from %s, which was written with a different config (hash %s, now %s)",
@@ -131,19 +137,8 @@ class Saver:
         return CheckpointInfo(path, checkpoint.position_of(state), str(state.get("config_hash", "")))
 
 
-def _agreed_checkpoint(directory: str, prefix: str, rank: int, collectives) -> Optional[CheckpointInfo]:
-    """Every rank's newest good checkpoint, lowered to the newest step that all ranks have."""
-    mine = checkpoint.latest_good(directory, prefix, rank)
-    steps = collectives.gather([mine.position.global_step if mine else -1])[:, 0]
-    agreed = int(steps.min())
-    if agreed < 0:
-        if mine is not None or steps.max() >= 0:
-            _logger.warning("resume auto: some ranks have no good checkpoint (global steps %s); starting fresh",
-                            steps.astype(int).tolist())
-        return None
-    info = mine if mine.position.global_step == agreed else \
-        checkpoint.latest_good(directory, prefix, rank, at_most_step=agreed)
-    if info is None or info.position.global_step != agreed:
-        raise CheckpointError(f"ranks agreed to resume from global step {agreed}, but rank {rank} has no good "
-                              f"checkpoint at that step in {directory}; raise keep_checkpoint_max or start fresh")
-    return info
+def _zeros_like(param):
+    """A tensor of zeros with `param`'s shape and dtype."""
+    import mindspore as ms
+    import numpy as np
+    return ms.Tensor(np.zeros(param.shape, dtype=ms.dtype_to_nptype(param.dtype)))

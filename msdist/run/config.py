@@ -20,17 +20,20 @@ import yaml
 from msdist.base import launch_env
 from msdist.base.args import ArgumentParser, boolean
 from msdist.base.errors import ConfigError, first_line
-from msdist.cluster import stall
+from msdist.cluster import preemption, stall
 from msdist.cluster.runtime import CPU_ISA_CHOICES
 from msdist.engine import precision
 
 
-def fusion_split(text: str) -> List[int]:
-    """`--allreduce_fusion` as parameter indices: "85,160" -> [85, 160]; "" -> [] (one fused group).
+def fusion_split(text: str) -> Optional[List[int]]:
+    """`--allreduce_fusion` as parameter indices: "85,160" -> [85, 160]; "" -> [] (one fused group); "auto" -> None
+    (buckets by bytes, `engine.buckets.plan_buckets`).
 
     Raises:
-        ConfigError: not comma-separated, strictly increasing integers >= 1.
+        ConfigError: not auto, nor comma-separated, strictly increasing integers >= 1.
     """
+    if str(text).strip().lower() == "auto":
+        return None
     parts = [p.strip() for p in str(text).strip().strip("[]").split(",") if p.strip()]
     try:
         indices = [int(p) for p in parts]
@@ -38,7 +41,7 @@ def fusion_split(text: str) -> List[int]:
         indices = [0]
     if any(i < 1 for i in indices) or any(a >= b for a, b in zip(indices, indices[1:])):
         raise ConfigError(f"--allreduce_fusion {text!r} must be strictly increasing parameter indices >= 1, "
-                          "e.g. 85,160 (ResNet-50), or empty for one fused group")
+                          "e.g. 85,160 (ResNet-50), auto (buckets of 25 MB), or empty for one fused group")
     return indices
 
 
@@ -134,9 +137,10 @@ TRAIN_OPTIONS = [
          "residual) exceeds this", above=0),
     _opt("error_feedback", boolean, True, "topk/threshold: add what was not sent to the next step's gradient "
          "(a per-parameter residual, saved in checkpoints); false only for experiments"),
-    _opt("allreduce_fusion", str, "", "split MindSpore's fused gradient all-reduce after these parameter "
-         "indices (all_reduce_fusion_config), e.g. 85,160 for ResNet-50 as MindSpore's model zoo does on GPU, so "
-         "the first group is reduced while backward still runs; empty = one fused group", check=fusion_split),
+    _opt("allreduce_fusion", str, "auto", "gradient all-reduce buckets, each parameters contiguous in network order "
+         "and sent last layers first, so a bucket is reduced while backward still runs: auto = cut every 25 MB "
+         "(like DDP); indices = cut after these parameters, e.g. 85,160; empty = one fused all-reduce",
+         check=fusion_split),
     _opt("grad_accum_steps", int, 1, "micro-batches per optimizer step; batch_size stays the global batch of "
          "one optimizer step, each rank runs it as this many micro-batches", min=1),
     # runtime
@@ -161,7 +165,14 @@ TRAIN_OPTIONS = [
     _opt("output_dir", str, "output", "where checkpoints, logs, config.yaml and result.json go", hashed=False),
     _opt("ckpt_prefix", str, "", "checkpoint file prefix; empty = the model name", hashed=False),
     _opt("save_every_epochs", int, 1, "save a checkpoint every N epochs (and always at the end)", min=1, hashed=False),
-    _opt("keep_checkpoint_max", int, 5, "keep the newest N checkpoints of each rank", min=1, hashed=False),
+    _opt("preempt_signal", str, "SIGTERM", "the signal that asks the job to save a checkpoint at the next step every "
+         "rank reaches and exit with status 200 (requeue), e.g. SIGUSR2 for Slurm's --signal=B:USR2@120; a second "
+         "one stops at once; SIGUSR1 (stack dumps) and SIGINT (stop now) are refused (docs/cluster.md)",
+         hashed=False, check=preemption.check_signal),
+    _opt("save_every_steps", int, 0, "also save a checkpoint every N optimizer steps, written by a background "
+         "thread (the loop waits only for an in-memory copy); 0 = off", min=0, hashed=False),
+    _opt("keep_checkpoint_max", int, 5, "keep the newest N checkpoints of each rank, whatever saved them (epochs, "
+         "steps, a preemption)", min=1, hashed=False),
     _opt("resume", str, "", "checkpoint PATH to resume from, or 'auto' for this rank's newest good one", hashed=False),
     _opt("overwrite", boolean, False, "start a new run in an output_dir that holds another run's checkpoints; "
          "the old run's ckpt/, config.yaml, result.json... move to {output_dir}/replaced-<time>/, never deleted",

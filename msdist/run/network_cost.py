@@ -13,16 +13,6 @@ from msdist.engine import buckets
 from msdist.run.config import fusion_split
 from msdist.run.forecast import Gradients
 
-AUTO = "auto"  # allreduce_fusion: DDP-like byte buckets (engine.buckets.DEFAULT_BUCKET_BYTES)
-
-
-def plan(sizes, allreduce_fusion: str) -> List[buckets.Bucket]:
-    """The run's buckets in send order, as the training step cuts them (`engine/step.py` `bucket_gradients`):
-    `auto` by bytes, indices after those parameters (network order), "" one bucket."""
-    if allreduce_fusion.strip().lower() == AUTO:
-        return buckets.plan_buckets(sizes)
-    return buckets.cut_after(sizes, fusion_split(allreduce_fusion))
-
 
 def layer_multiply_adds(net, image_size: int) -> Dict[str, float]:
     """Parameter name -> forward multiply-adds per image of the layer it weighs (Conv2d, Dense); one forward pass."""
@@ -73,4 +63,4 @@ def network_gradients(model: str, num_classes: int, image_size: int, allreduce_f
     sizes = buckets.parameter_sizes(net)
     macs = layer_multiply_adds(net, image_size)
     costs: List[float] = [macs.get(name, 0.0) for name, _ in sizes]  # BatchNorm and biases: next to nothing
-    return Gradients(plan(sizes, allreduce_fusion), sizes, costs)
+    return Gradients(buckets.plan(sizes, fusion_split(allreduce_fusion)), sizes, costs)

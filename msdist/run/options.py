@@ -7,7 +7,7 @@ derive it differently. The checks over option values and the world size run earl
 and `startup.OPTION_CHECKS`, before MindSpore loads.
 """
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -67,7 +67,8 @@ class StepPlan:
         amp_level: O0, O2 or O3 (`auto` resolved for the device); amp_dtype: float16 or bfloat16.
         loss_scale: fixed or dynamic, from `--loss_scale` and what carries float16 gradients.
         grad_compression, topk_ratio, threshold, error_feedback: how gradients cross ranks (engine/reducers.py).
-        fusion: `--allreduce_fusion` as parameter indices; () = one fused group.
+        fusion: `--allreduce_fusion` as parameter indices; () = one fused group; None = auto (buckets by bytes).
+        bn_stats: SyncBatchNorm's statistics precision on this device (`precision.bn_stats_precision`).
         accum_steps, micro_batch: micro-batches per optimizer step, and each one's size per rank.
     """
     amp_level: str
@@ -77,9 +78,10 @@ class StepPlan:
     topk_ratio: float
     threshold: float
     error_feedback: bool
-    fusion: Tuple[int, ...]
+    fusion: Optional[Tuple[int, ...]]
     accum_steps: int
     micro_batch: int
+    bn_stats: str
 
     def describe_precision(self) -> str:
         amp = self.amp_level if self.amp_level == "O0" else f"{self.amp_level} {self.amp_dtype}"
@@ -92,5 +94,10 @@ def step_plan(cfg, device_target: str, world_size: int) -> StepPlan:
     return StepPlan(amp_level, cfg.amp_dtype,
                     precision.loss_scale_plan(cfg.loss_scale, amp_level, cfg.amp_dtype, cfg.grad_compression),
                     cfg.grad_compression, cfg.topk_ratio, cfg.threshold, cfg.error_feedback,
-                    tuple(config.fusion_split(cfg.allreduce_fusion)), cfg.grad_accum_steps,
-                    micro_batch(cfg, world_size))
+                    _fusion(cfg.allreduce_fusion), cfg.grad_accum_steps, micro_batch(cfg, world_size),
+                    precision.bn_stats_precision(device_target))
+
+
+def _fusion(text: str) -> Optional[Tuple[int, ...]]:
+    split = config.fusion_split(text)
+    return None if split is None else tuple(split)

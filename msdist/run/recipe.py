@@ -12,7 +12,7 @@ One review, shared by the start-up of `msdist.train` (its warnings logged once, 
   seed's 32 images over 8 GPUs leave 4); a fixed loss scale other than 1 where float16 carries
   gradients stops the run at its first overflow, which a dynamic scale skips instead.
 """
-from typing import List, Union
+from typing import List
 
 from msdist.base.errors import ConfigError
 from msdist.engine import precision

@@ -7,7 +7,8 @@
    A mistake here is one line and exit status 2 within a second, before MindSpore loads or a
    cluster forms, so `msdist.launch` (which never restarts on exit 2) does not retry a typo;
 4. set the process environment MindSpore reads when it loads (`runtime.prepare`);
-5. `join()`: distributed init, MindSpore's thread pool, this rank's log file.
+5. `join()`: distributed init (unbound and without wake-up preemption: `runtime.prepare_to_join`), then
+   the rank's core binding (`runtime.bind_to_cores`), MindSpore's thread pool, this rank's log file.
 
 Steps 1-4 are `start()`. Step 5 is separate because training must claim its output folder and start
 its heartbeat between them. train, eval and check run all five (so do benchmark workers that join a
@@ -24,7 +25,7 @@ from typing import Callable, Sequence, Tuple
 
 from msdist.base import launch_env
 from msdist.base.errors import ConfigError, alike_on_every_rank
-from msdist.cluster import device, distributed, job, local_exchange, runtime
+from msdist.cluster import device, distributed, job, local_exchange, runtime, stall
 from msdist.data import pipeline, plan
 from msdist.engine import precision
 from msdist.run import config, options, recipe
@@ -162,10 +163,11 @@ def start(argv=None, *, options: Sequence[config.Option] = config.TRAIN_OPTIONS,
         UserError: any mistake `checks` find (reported as one line, exit status 2, by `cli.cli_main`).
     """
     launch = launch_env.detect_launch()
-    if launch.kind == "scheduler":  # msrun starts this same command as MindSpore's scheduler too
-        raise SystemExit(distributed.run_scheduler_role(launch))
     with alike_on_every_rank():  # the same options and files on every rank: one rank per host reports
         cfg = config.parse(argv, options, prog=prog)
+    if launch.kind == "scheduler":  # msrun starts this same command as MindSpore's scheduler too
+        log_dir = os.path.join(cfg.output_dir, "logs") if "output_dir" in cfg else ""
+        raise SystemExit(distributed.run_scheduler_role(launch, stall.StallPolicy.from_options(vars(cfg)), log_dir))
     run_checks(cfg, launch.world_size, checks)
     chosen = decide_device(cfg, launch, device.host_probe(os.environ))
     warnings = tuple(recipe.review(cfg, launch.world_size, chosen.target)) if review_recipe else ()
@@ -187,7 +189,10 @@ def join(started: Started, log_dir: str, log_name: str = "rank") -> Tuple[distri
     """
     from msdist.run.logs import setup_logging
     cfg = started.cfg
-    dist = distributed.init(started.launch, started.device.target, log_dir, cfg.deterministic)
+    runtime.prepare_to_join(started.rt)  # bound during the join, a rank can miss its registration (issue #34)
+    dist = distributed.init(started.launch, started.device.target, log_dir, cfg.deterministic,
+                            stall.StallPolicy.from_options(vars(cfg)))
+    runtime.bind_to_cores(started.rt)
     runtime.configure_mindspore(started.rt)
     setup_logging(log_dir, dist.rank, console=dist.is_main, name=log_name)
     for warning in started.warnings:  # the console is rank 0's only: one line per warning for the job

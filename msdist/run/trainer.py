@@ -11,16 +11,21 @@ The loop's sections are small methods, one place each for what happens there: `_
 for each batch (the wait ends at `meter.data_ready()`), `_train_step` runs the compiled step,
 `_report` writes the step line and the heartbeat, `_end_epoch` saves (`_save`) and evaluates
 (`_evaluate`) when the schedule says so, after making the ranks one model once for both (`_one_model`).
+Off schedule, the state is written as it is (`_write`, no `--dist_bn` unify, no EMA sync): every
+`--save_every_steps` steps by a background thread (`_save_by_steps`, run/background_save.py), and at the
+step the ranks agree on after a preemption signal (`_save_preempted`, cluster/preemption.py), after which
+the run ends for a requeue.
 """
 import logging
 import time
 from dataclasses import dataclass
 from typing import Optional
 
-from msdist.cluster import distributed
+from msdist.cluster import distributed, preemption
 from msdist.data import pipeline
 from msdist.engine import loss_scale, optim, reducers
-from msdist.run import checkpoint, config, evaluation
+from msdist.run import checkpoint, config, evaluation, resume_point
+from msdist.run.background_save import BackgroundSaver
 from msdist.run.build import Data, Model, checkpoint_place
 from msdist.run.checkpoint_model import model_meta
 from msdist.run.checkpoint_saver import Saver
@@ -48,6 +53,7 @@ class Outcome:
     meter: Meter                  # the run's clock: result.json's img/s and first step
     newest: Optional[checkpoint.CheckpointInfo]
     ranks: dict                   # every rank's median step time and input-wait share (meter.RankFigures)
+    preempted: bool = False       # stopped by --preempt_signal: saved at `position`, not evaluated
 
 
 class Trainer:
@@ -59,9 +65,11 @@ class Trainer:
         data, model: what `build.load_data` and `build.build_model` made.
         beat: this rank's heartbeat (msdist.cluster.heartbeat), told what the loop is doing.
         launch_kind: how the job was started (the progress bar is drawn only on a terminal).
+        listener: this rank's `preemption.Listener` (None: the run ignores preemption).
     """
 
-    def __init__(self, cfg, dist, collectives, data: Data, model: Model, beat, launch_kind: str):
+    def __init__(self, cfg, dist, collectives, data: Data, model: Model, beat, launch_kind: str,
+                 listener: Optional[preemption.Listener] = None):
         self.cfg, self.dist, self.collectives, self.data, self.model = cfg, dist, collectives, data, model
         self.steps_per_epoch = data.steps_per_epoch
         self.beat, self.launch_kind = beat, launch_kind
@@ -71,8 +79,11 @@ class Trainer:
                            collectives=collectives,
                            meta=model_meta(cfg.model, data.num_classes, cfg.image_size, data.classes,
                                            model.convention))
+        self.background = BackgroundSaver(self.saver, collectives)   # --save_every_steps
         self.watch: Optional[Watch] = None
         self.saved_at = 0
+        self.listener = listener
+        self.stop: Optional[preemption.Agreement] = None
         # What the stall watch scales a save's and an evaluation's allowance from.
         self._state_bytes = sum(p.nbytes for p in model.net.get_parameters()) + \
             sum(p.nbytes for p in state_parameters(model))
@@ -81,9 +92,16 @@ class Trainer:
 
     def resume(self) -> Position:
         """Restore the checkpoint `--resume` names (every resumable Parameter); where training continues."""
-        info = self.saver.resume(self.cfg.resume)
-        if info is None:
+        path, rank0s = self.cfg.resume, False
+        if path == "auto":
+            point = resume_point.agree(self.saver.directory, self.saver.prefix, self.dist.rank, self.collectives)
+            if point is None:
+                _logger.info("resume auto: no checkpoint in %s yet; starting fresh", self.saver.directory)
+                return Position()
+            path, rank0s = point.info.path, point.rank0s
+        if not path:
             return Position()
+        info = self.saver.resume(path, drop_residuals=rank0s)  # rank 0's unsent gradient is not this rank's
         at = info.position.resumed(self.steps_per_epoch, info.path)
         _logger.info("resumed from %s: epoch %d, step %d of %d, global step %d", info.path, at.next_epoch(
             self.steps_per_epoch), at.skip(self.steps_per_epoch), self.steps_per_epoch, at.global_step)
@@ -100,17 +118,40 @@ class Trainer:
                                 is_main=self.dist.is_main, world_size=self.dist.world_size,
                                 launch_kind=self.launch_kind, start_step=at.global_step)
         self.saved_at, metrics = at.global_step, None
+        self.stop = preemption.Agreement(self.listener, self.collectives, at.global_step)
         train_start = time.perf_counter()
-        while at.next_epoch(self.steps_per_epoch) < cfg.epochs and not self._reached(at):
+        while at.next_epoch(self.steps_per_epoch) < cfg.epochs and not self._reached(at) and not self._preempted:
             at = self._train_epoch(at)
-            metrics = self._end_epoch(at)
+            if at.epoch_complete(self.steps_per_epoch) or not self._preempted:
+                metrics = self._end_epoch(at)  # an epoch's end is on schedule, preempted there or not
         train_seconds = time.perf_counter() - train_start
+        if self._preempted:
+            return self._save_preempted(at, train_start, train_seconds)
         self.watch.close()
         # Save the last step if unsaved; evaluate unless the last epoch did (not when stopped by max_steps, or
         # resumed from a finished run).
         final = self._save_and_evaluate(at, save=at.global_step != self.saved_at, evaluate=metrics is None)
+        self.background.wait()
         return Outcome(at, metrics or final, train_start, train_seconds, self.watch.meter, self.saver.newest,
                        self.watch.ranks.summary())
+
+    @property
+    def _preempted(self) -> bool:
+        return self.stop.agreed_step is not None
+
+    def _save_preempted(self, at: Position, train_start: float, train_seconds: float) -> Outcome:
+        """Every rank agreed to stop at `at`: save the training state as it is, unless the schedule just did."""
+        if at.global_step != self.saved_at:
+            self.beat.enter("checkpoint save", nbytes=self._state_bytes)
+            loss_scale.check_finite(self.model.scaler)  # never write weights a fixed scale has made inf or NaN
+            self._write(at)
+        self.background.wait()
+        self.watch.close()
+        _logger.warning("preempted: the ranks agreed on global step %d; checkpoint complete %.1f s after the "
+                        "signal; exiting with %d (requeue)", at.global_step,
+                        time.monotonic() - self.stop.requested_at, preemption.REQUEUE_EXIT)
+        return Outcome(at, {}, train_start, train_seconds, self.watch.meter, self.saver.newest,
+                       self.watch.ranks.summary(), preempted=True)
 
     def _reached(self, at: Position) -> bool:
         """Whether `--max_steps` (0 = no limit) stops training at this position."""
@@ -131,13 +172,14 @@ class Trainer:
             data_s = self.watch.meter.data_ready()
             at = self._train_step(images, labels, at)
             self._report(at, data_s)
-            if self._reached(at):
+            self._save_by_steps(at)
+            if self._reached(at) or self.stop.stop_at(at.global_step):
                 break
         return at
 
     def _train_step(self, images, labels, at: Position) -> Position:
         """One optimizer step (and the EMA's update after it); queued on the device, no host sync."""
-        self.model.losses.add(self.model.train_step.train_on(images, labels))
+        self.model.train_step.train_on(images, labels)  # its loss is summed on the device (step.LossAccumulator)
         if self.model.ema is not None:
             self.model.ema()
         return at.advanced(self.steps_per_epoch)
@@ -147,12 +189,24 @@ class Trainer:
         watch = self.watch
         loss = None
         if watch.progress.is_log_step(at):  # the only host sync: it waits for the queued steps
-            loss_scale.check_finite(self.model.scaler)
-            loss, step_s, data_s = watch.close_window(self.model.losses.read(), self.collectives)
+            loss, step_s, data_s = watch.close_window(self.model.train_step.losses.read(), self.collectives)
+            loss_scale.check_finite(self.model.scaler, self.model.train_step.finite_weights, loss, at.global_step)
         else:
             step_s = watch.meter.step_done()
         watch.record(watch.progress.step(at, loss, float(self.model.lrs[at.global_step - 1]), step_s, data_s))
         self.beat.step_done(at.epoch, at.step, at.global_step)
+        self.beat.enter("data wait")
+
+    def _save_by_steps(self, at: Position) -> None:
+        """Every --save_every_steps steps, off schedule: the loop waits for the in-memory copy only."""
+        every = self.cfg.save_every_steps
+        if not every or at.global_step % every or at.epoch_complete(self.steps_per_epoch) and (
+                self._due(at, self.cfg.save_every_epochs) or self._due(at, self.cfg.eval_every_epochs)):
+            return  # the schedule acts at this epoch's end at once (and its best file links its own save)
+        self.beat.enter("checkpoint save", nbytes=self._state_bytes)
+        loss_scale.check_finite(self.model.scaler)
+        waited = self.background.save(at)
+        _logger.info("save by steps at global step %d: the loop waited %.3f s (copy)", at.global_step, waited)
         self.beat.enter("data wait")
 
     def _end_epoch(self, at: Position) -> Optional[dict]:
@@ -168,7 +222,7 @@ class Trainer:
     def _one_model(self) -> None:
         """Before weights are evaluated or written: stop a fixed-scale run that met an inf or NaN; without sync_bn
         each rank keeps its own BatchNorm statistics, so make them one model (--dist_bn)."""
-        loss_scale.check_finite(self.model.scaler)
+        loss_scale.check_finite(self.model.scaler, self.model.train_step.finite_weights)
         distributed.unify_bn_stats(self.model.net, self.collectives, self.cfg.dist_bn)
         if self.model.ema is not None:
             self.model.ema.synchronize(self.collectives)
@@ -183,6 +237,7 @@ class Trainer:
             self.beat.enter("evaluation", batches=self._eval_batches)
         else:
             return None
+        self.background.wait()  # at most one write in flight, and keep_best may link the newest checkpoint
         self._one_model()  # its collectives count toward the phase entered above
         if save:
             self._save(at)
@@ -192,7 +247,15 @@ class Trainer:
         """Write this position's checkpoints (the EMA's, then the resumable one); after `_one_model`."""
         if self.model.ema is not None:
             self.saver.save_tagged("ema", self.model.ema.as_model_checkpoint(), at)
+        self._write(at)
+
+    def _write(self, at: Position) -> None:
+        """Write the resumable state as it is. Off schedule (a preemption) nothing else happens: making the ranks
+        one model there would change the training state, and the resumed run would differ from an uninterrupted one."""
+        self.background.wait()  # at most one write in flight; the next prune counts its file
+        began = time.perf_counter()
         self.saver.save(at)
+        _logger.info("blocking save at global step %d took %.3f s", at.global_step, time.perf_counter() - began)
         self.saved_at = at.global_step
 
     def _evaluate(self, at: Position) -> dict:

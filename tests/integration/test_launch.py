@@ -24,7 +24,7 @@ import pytest
 
 from msdist import launch
 from msdist.base.errors import ConfigError, DataError
-from msdist.cluster import failures, heartbeat, supervisor
+from msdist.cluster import failures, heartbeat, preemption, supervisor
 from msdist.cluster.rendezvous import free_port
 from msdist.run import checkpoint
 from conftest import REPO
@@ -112,6 +112,16 @@ class Job:
         return {k: v.asnumpy() for k, v in ms.load_checkpoint(info.path).items() if hasattr(v, "asnumpy")}
 
 
+def assert_same_final_params(job, reference) -> None:
+    """Both ranks of `job` end with exactly the parameters (and training state) of the uninterrupted `reference`."""
+    assert reference.wait() == 0, reference.stderr()
+    for rank in (0, 1):
+        got, want = job.final_params(rank), reference.final_params(rank)
+        assert sorted(got) == sorted(want)
+        different = [name for name in want if not np.array_equal(got[name], want[name])]
+        assert not different, f"rank {rank}: {len(different)} parameters differ, e.g. {different[:3]}"
+
+
 def _tagged_pids(tag) -> list:
     needle = f"MSDIST_TEST_TAG={tag}".encode()
     found = []
@@ -143,9 +153,9 @@ def background_jobs(tmp_path_factory):
     jobs = {
         # Uninterrupted reference for the exact-resume check.
         "reference": Job(tmp, "reference", ["-n", "2"], EXACT_ARGS),
-        # Rank 1 raises when it saves its first checkpoint, on every attempt: one restart, then FAILED.
+        # Rank 1 raises whenever it saves a checkpoint, on every attempt: one restart, then FAILED.
         "always_fails": Job(tmp, "always_fails", ["-n", "2", "--max_restarts", "1"], SHORT_ARGS,
-                            before_start=_block_first_checkpoint_of_rank_1),
+                            before_start=_block_checkpoints_of_rank_1),
     }
     # Two "nodes" on this machine: two launchers, one rank each, one job of world size 2.
     node_args = ["-n", "1", "--nnodes", "2", "--master_port", str(port)]
@@ -159,10 +169,12 @@ def background_jobs(tmp_path_factory):
             job.proc.wait()
 
 
-def _block_first_checkpoint_of_rank_1(output_dir):
-    """A directory where rank 1 writes its first checkpoint (epoch 1, step 12) before renaming it: that
-    save raises IsADirectoryError in rank 1 only, on every attempt. (Hidden, so it is no other run's.)"""
-    os.makedirs(os.path.join(output_dir, "ckpt", f".{checkpoint.file_name('resnet_tiny', 1, 1, 12)}.tmp.ckpt"))
+def _block_checkpoints_of_rank_1(output_dir):
+    """Directories where rank 1 writes its checkpoints (epochs 1 and 2) before renaming them: each save raises
+    IsADirectoryError in rank 1 only. The first attempt fails at epoch 1; the restart resumes from rank 0's
+    epoch-1 checkpoint (rank 1 has none of its own) and fails at epoch 2. (Hidden, so they are no other run's.)"""
+    for epoch in (1, 2):
+        os.makedirs(os.path.join(output_dir, "ckpt", f".{checkpoint.file_name('resnet_tiny', 1, epoch, 12)}.tmp.ckpt"))
 
 
 # ---------------------------------------------------------------- fast checks, no MindSpore
@@ -292,13 +304,7 @@ def test_kill9_is_named_fast_and_restart_resumes_exactly(tmp_path, background_jo
     assert "sha256 mismatch" in log and "resnet_tiny_rank1-2_" in log  # the corrupt one was skipped, by name
     assert "resumed from" in log and "global step 12" in log           # ...and the ranks agreed on epoch 1
 
-    reference = background_jobs["reference"]
-    assert reference.wait() == 0, reference.stderr()
-    for rank in (0, 1):
-        got, want = job.final_params(rank), reference.final_params(rank)
-        assert sorted(got) == sorted(want)
-        different = [name for name in want if not np.array_equal(got[name], want[name])]
-        assert not different, f"rank {rank}: {len(different)} parameters differ, e.g. {different[:3]}"
+    assert_same_final_params(job, background_jobs["reference"])
 
 
 @pytest.mark.multiprocess
@@ -321,8 +327,9 @@ def test_exception_reported_once_and_restart_budget_exhausted(background_jobs):
     assert job.wait() == 1
     err = job.stderr()
     assert err.count("restart 1 of 1") == 1
-    assert len(re.findall(r"rank 1 failed: exit code 1; last reported epoch 1 step \d+ \(global step \d+\) in "
-                          r"[a-z -]+; stopped", err)) == 2, err
+    for epoch in (1, 2):   # the restart continued from rank 0's epoch-1 checkpoint
+        assert len(re.findall(rf"rank 1 failed: exit code 1; last reported epoch {epoch} step \d+ \(global step \d+\) "
+                              r"in [a-z -]+; stopped", err)) == 1, err
     # The traceback tail is printed once per failure, in the summary, and only this attempt's.
     assert err.count("rank 1 | IsADirectoryError: For 'save_checkpoint'") == 2
     assert "FAILED after 1 restart(s): rank 1 failed: exit code 1" in err.splitlines()[-1]
@@ -365,20 +372,21 @@ def test_user_error_in_a_rank_is_not_restarted(tmp_path):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_sigterm_or_ctrl_c_to_launcher_leaves_nothing_behind(tmp_path, sig):
+@pytest.mark.parametrize("signals", [[signal.SIGINT], [signal.SIGTERM, signal.SIGTERM]], ids=["ctrl_c", "second_sigterm"])
+def test_ctrl_c_or_a_second_sigterm_to_launcher_stops_at_once_and_leaves_nothing_behind(tmp_path, signals):
+    """Ctrl-C stays "stop now"; SIGTERM asks for a preemption (tests/test_preemption.py), and a second one stops
+    at once. The second is sent while the ranks still compile, before they can agree on a step to save at."""
     job = Job(tmp_path, "stopped", ["-n", "2"], SHORT_ARGS)
-    job.wait_for_beat(0, at_least_step=6)
+    job.wait_for_beat(0)
     job.wait_for_beat(1)
     assert len(_tagged_pids(job.tag)) >= 4  # launcher, scheduler (watchdog + scheduler), workers
-    # Rank 0's progress reaches the launcher's console; the other ranks' output goes to their files.
-    with open(os.path.join(str(tmp_path), "stopped.launcher.out"), encoding="utf-8") as f:
-        console = f.read()
-    assert "epoch 1/" in console and "step 5/" in console and "rank 1" not in console
-    job.started = time.monotonic()  # the bound counts from the signal, not from the (loaded) start-up
-    job.proc.send_signal(sig)
-    assert job.wait(limit_s=STOP_BOUND_S + 5) == 128 + sig
-    assert f"stopped by {signal.Signals(sig).name}" in job.stderr()
+    for i, sig in enumerate(signals):
+        if i:
+            time.sleep(preemption.REPEAT_S + 0.5)  # sooner, it would count as the first arriving twice
+        job.started = time.monotonic()  # the bound counts from the signal that stops, not from the start-up
+        job.proc.send_signal(sig)
+    assert job.wait(limit_s=STOP_BOUND_S + 5) == 128 + signals[-1], job.stderr()
+    assert f"stopped by {signals[-1].name}" in job.stderr()
     assert job.leftovers() == []
 
 

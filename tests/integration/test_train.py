@@ -71,11 +71,14 @@ def test_eval_cli_standalone_and_mpirun_agree(standalone_run, data_dir, tmp_path
 
 
 def _schedulers_of(output_dir) -> set:
-    """Scheduler processes (watchdog and MindSpore scheduler) of one job: their stdout is its scheduler.log."""
+    """Scheduler processes (watchdog and MindSpore scheduler) of one job: the watchdog's stdout is its
+    scheduler.log, the scheduler proper writes to the watchdog through a pipe."""
     found = set()
     for pid in _pids_of("msdist.cluster.scheduler"):
         try:
-            if os.readlink(f"/proc/{pid}/fd/1").startswith(str(output_dir)):
+            with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+                parent = f.read().rsplit(")", 1)[1].split()[1]
+            if any(os.readlink(f"/proc/{p}/fd/1").startswith(str(output_dir)) for p in (pid, parent)):
                 found.add(pid)
         except OSError:
             pass

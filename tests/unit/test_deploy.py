@@ -4,13 +4,17 @@ import glob
 import os
 import re
 import shlex
+import signal
 import subprocess
+import time
 
 import pytest
 import yaml
 
 from conftest import REPO
 from msdist import check, launch
+from msdist.cluster import preemption
+from msdist.cluster import relay as relay_module
 from msdist.run import config, recipe
 
 DEPLOY = os.path.join(REPO, "deploy")
@@ -101,13 +105,28 @@ def test_mpijob_has_launcher_workers_gpus_data_and_shm():
     pod, worker = _container(job, "Worker")
     slots, workers = job["spec"]["slotsPerWorker"], replicas["Worker"]["replicas"]
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == slots  # one rank per GPU
-    script = " ".join(launcher["command"] + launcher["args"])
+    script = " ".join(launcher["args"])
     assert [int(n) for n in re.findall(r"mpirun -n (\d+) ", script)] == [workers * slots] * 2
     plan, cmd = commands(script)  # the plan first, under the same mpirun
     assert plan.startswith("python -m msdist.check --plan ") and cmd.startswith("python -m msdist.train ")
     assert all(_option(plan, o) == _option(cmd, o) for o in ("--config", "--data_dir", "--output_dir"))
     assert _shm_is_memory(pod, worker)
     assert _mounted_at(worker, _option(cmd, "--data_dir")) and _mounted_at(worker, _option(cmd, "--output_dir"))
+
+
+def test_mpijob_passes_a_pods_sigterm_on_to_the_ranks_and_restarts_the_launcher_on_the_requeue_status():
+    """Kubernetes signals PID 1 only: mpirun would kill its ranks, sshd would not tell them. The relay is PID 1
+    of both pods; the ranks take SIGUSR2, which mpirun forwards; exit 200 is retryable under ExitCode."""
+    (job,) = _documents(os.path.join(DEPLOY, "k8s", "mpijob.yaml"))
+    relay = ["python", "-m", "msdist.cluster.relay", "--preempt_signal", "SIGUSR2", "--"]
+    for replica in ("Launcher", "Worker"):
+        pod, container = _container(job, replica)
+        assert container["command"][:len(relay)] == relay
+        assert pod["terminationGracePeriodSeconds"] >= 60
+    assert job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["restartPolicy"] == "ExitCode"
+    _, cmd = commands(" ".join(_container(job, "Launcher")[1]["args"]))
+    assert _option(cmd, "--preempt_signal") == "SIGUSR2" and _option(cmd, "--resume") == "auto"
+    assert preemption.REQUEUE_EXIT >= 128 and signal.SIGUSR2 in relay_module.MPIRUN_FORWARDS
 
 
 def test_launch_job_runs_one_launcher_per_node_indexed_by_pod():
@@ -130,6 +149,10 @@ def test_launch_job_runs_one_launcher_per_node_indexed_by_pod():
     assert int(_option(cmd, "--master_port")) == service["spec"]["ports"][0]["port"]
     assert _shm_is_memory(pod, container)
     assert _mounted_at(container, _option(cmd, "--data_dir")) and _mounted_at(container, _option(cmd, "--output_dir"))
+    # Preemption: the launcher is PID 1 (exec) so it gets the pod's SIGTERM; 200 is no failure; resumed on rerun.
+    assert "&& exec python -m msdist.launch " in " ".join(container["args"]) and _option(cmd, "--resume") == "auto"
+    ignored = [r["onExitCodes"]["values"] for r in spec["podFailurePolicy"]["rules"] if "onExitCodes" in r]
+    assert ignored == [[preemption.REQUEUE_EXIT]] and pod["terminationGracePeriodSeconds"] >= 60
 
 
 @pytest.mark.multiprocess
@@ -137,8 +160,8 @@ def test_sbatch_is_valid_bash_with_mpirun_and_srun_paths():
     subprocess.run(["bash", "-n", SBATCH], check=True)
     text = _read(SBATCH)
     assert re.search(r"^#SBATCH --nodes=\d+$", text, re.M) and re.search(r"^#SBATCH --ntasks-per-node=\d+$", text, re.M)
-    assert re.search(r"^\s*mpirun .*\\\n\s*python -m msdist\.train ", text, re.M)
-    assert re.search(r"^\s*srun .*\n\s*bash -c 'python -m msdist\.launch ", text, re.M)
+    assert re.search(r"^\s*(run_step )?mpirun .*\\\n\s*python -m msdist\.train ", text, re.M)
+    assert re.search(r"^\s*(run_step )?srun .*\n\s*bash -c 'python -m msdist\.launch ", text, re.M)
 
 
 def test_sbatch_expands_no_array_that_bash_before_4_4_calls_unbound():
@@ -183,10 +206,51 @@ def test_sbatch_runs_the_plan_first_under_each_launcher(tmp_path):
     assert [line.split()[:2] for line in srun] == [["srun", "--gpus-per-task=1"]] * 2
     assert "msdist.check --plan" in srun[0] and "msdist.train" in srun[1]
     (per_node,) = _run_sbatch(tmp_path, LAUNCHER="msdist")
-    assert re.search(r"python -m msdist\.launch .* --plan .* && python -m msdist\.launch .* --max_restarts", per_node)
+    assert re.search(r"python -m msdist\.launch .* --plan .* && exec python -m msdist\.launch .* --max_restarts", per_node)
     # GPU modes train the GPU recipe, DEVICE=CPU the CPU one (the srun'd shell of LAUNCHER=msdist expands ${CONFIG})
     assert all("--config configs/resnet50_fruits360_gpu.yaml " in line for line in gpu + srun)
     assert all("--config configs/resnet50_fruits360.yaml " in line for line in cpu)
+
+
+_STEP_UNTIL_USR2 = """#!/bin/sh
+echo "$(basename "$0") $*" >> "$STUB_LOG"
+[ "$(basename "$0")" = scontrol ] && printf 'node-0\\nnode-1\\n'
+case "$*" in *msdist.train*|*--max_restarts*)
+    # The training step: saves on SIGUSR2 (the ranks' --preempt_signal) and exits with the requeue status.
+    trap 'echo "step got USR2" >> "$STUB_LOG"; exit 200' USR2
+    touch "$STUB_LOG.running"
+    while :; do sleep 0.1; done;;
+esac
+exit 0
+"""
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "srun", "msdist"])
+def test_sbatch_passes_sigusr2_on_to_the_step_and_requeues_on_its_status(tmp_path, launcher):
+    """Slurm's --signal=B:USR2@120 reaches the batch shell only: the sbatch traps it, passes it on to the
+    training step (stub mpirun / srun: real processes that exit 200 on SIGUSR2) and requeues the job."""
+    text = _read(SBATCH)
+    assert "#SBATCH --signal=B:USR2@120" in text and "#SBATCH --requeue" in text
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name in ("scontrol", "srun", "mpirun"):
+        (stubs / name).write_text(_STEP_UNTIL_USR2)
+        (stubs / name).chmod(0o755)
+    log = tmp_path / "calls.log"
+    slurm = {"SLURM_JOB_NODELIST": "node-[0-1]", "SLURM_NTASKS_PER_NODE": "4", "SLURM_NNODES": "2",
+             "SLURM_NTASKS": "8", "SLURM_CPUS_PER_TASK": "8", "SLURM_JOB_ID": "1234"}
+    batch = subprocess.Popen(["bash", SBATCH], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={"PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}", "STUB_LOG": str(log),
+                                  "LAUNCHER": launcher, **slurm})
+    deadline = time.monotonic() + 30
+    while not os.path.exists(f"{log}.running") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    batch.send_signal(signal.SIGUSR2)
+    out, _ = batch.communicate(timeout=30)
+    calls = log.read_text()
+    assert batch.returncode == 200, out
+    assert "step got USR2" in calls and "scontrol requeue 1234" in calls, calls
+    assert "--preempt_signal SIGUSR2" in calls
 
 
 def test_dockerfile_installs_openmpi_and_msdist_from_paths_that_exist():

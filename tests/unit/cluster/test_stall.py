@@ -27,7 +27,7 @@ def test_one_option_family_for_the_launcher_and_the_ranks(capsys):
     from msdist import launch
     from msdist.run import config
     cfg = config.parse(["--stall_timeout", "30", "--stall_startup_timeout", "90", "--stall_silence_timeout", "15"])
-    expected = StallPolicy(30.0, 90.0, 15.0)
+    expected = StallPolicy(30.0, 90.0, 15.0, 30.0)
     assert StallPolicy.from_options(vars(cfg)) == expected
     plan = launch.parse_args(["-n", "2", "--stall_timeout", "30", "--stall_startup_timeout", "90",
                               "--stall_silence_timeout", "15"])

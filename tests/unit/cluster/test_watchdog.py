@@ -14,7 +14,8 @@ def test_the_watchdog_obeys_the_silence_limit_too(tmp_path):
     """A live process of this host whose heartbeat stopped changing is a stall past --stall_silence_timeout
     (after its first step) or --stall_startup_timeout (before it), as the launcher's supervisor decides; a
     rank whose process ended, or another host's, is left to its launcher and to the progress limit."""
-    policy = StallPolicy(stall_timeout=1000.0, stall_startup_timeout=50.0, stall_silence_timeout=20.0)
+    policy = StallPolicy(stall_timeout=1000.0, stall_startup_timeout=50.0, stall_silence_timeout=20.0,
+                         stall_register_timeout=30.0)
     ended = subprocess.Popen(["true"])
     ended.wait()
     here, alive = socket.gethostname(), os.getpid()

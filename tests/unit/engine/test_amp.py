@@ -28,8 +28,9 @@ def test_explicit_low_precision_on_cpu_warns_and_names_auto(caplog):
 def test_loss_scale_auto_is_dynamic_only_where_float16_carries_gradients():
     dynamic = precision.LossScalePlan(True, precision.DYNAMIC_INITIAL_SCALE)
     assert precision.loss_scale_plan("auto", "O2", "float16", "none") == dynamic          # GPU default
-    assert precision.loss_scale_plan("auto", "O0", "float16", "none") == precision.LossScalePlan(False, 1.0)
-    assert precision.loss_scale_plan("auto", "O2", "bfloat16", "none") == precision.LossScalePlan(False, 1.0)
+    unchecked = precision.LossScalePlan(False, 1.0, checked=False)
+    assert precision.loss_scale_plan("auto", "O0", "float16", "none") == unchecked
+    assert precision.loss_scale_plan("auto", "O2", "bfloat16", "none") == unchecked
     assert precision.loss_scale_plan("auto", "O0", "float16", "fp16") == dynamic          # float16 exchange
     assert precision.loss_scale_plan("dynamic", "O0", "float16", "none") == dynamic       # asked for on CPU
     assert precision.loss_scale_plan(1024.0, "O2", "float16", "none") == precision.LossScalePlan(False, 1024.0)
@@ -109,10 +110,20 @@ def test_fixed_scale_under_o2_stops_on_a_batch_holding_inf_before_the_weights_ch
     assert int(optimizer.global_step.asnumpy()[0]) == 3  # the schedule still follows the data
 
 
-def test_no_scaling_keeps_the_step_without_the_check():
-    """A fixed scale of 1 (`auto` in float32) is no scaling: the step keeps no overflow check, AllReduce or
-    control flow, so the CPU default path is the one it was."""
-    from msdist.engine import loss_scale
-    assert not loss_scale.LossScaler(precision.LossScalePlan(False, 1.0), 1).checked
-    assert loss_scale.LossScaler(precision.LossScalePlan(False, 1024.0), 1).checked
-    assert loss_scale.LossScaler(precision.LossScalePlan(True, 2.0 ** 16), 1).checked
+@pytest.mark.parametrize("loss_scale, amp_level, amp_dtype, compression, checked", [
+    ("auto", "O0", "float16", "none", False),       # CPU default: no scaling
+    (1024.0, "O0", "float16", "none", False),       # float32 gradients: 1024 changes nothing, costs a check
+    (1024.0, "O2", "bfloat16", "none", False),      # bfloat16 has float32's range
+    (1024.0, "O2", "float16", "none", True),        # float16 gradients can overflow
+    (1.0, "O3", "float16", "none", True),
+    (1024.0, "O0", "float16", "fp16", True),        # the float16 exchange can overflow
+    ("dynamic", "O0", "float16", "none", True),
+])
+def test_the_per_step_check_runs_only_where_float16_carries_gradients(loss_scale, amp_level, amp_dtype, compression,
+                                                                       checked):
+    """#32 item 8: under float32 a fixed scale cannot matter, so no step pays for the check; the start-up line
+    says which."""
+    from msdist.engine import loss_scale as scaling
+    plan = precision.loss_scale_plan(loss_scale, amp_level, amp_dtype, compression)
+    assert plan.checked == checked and scaling.LossScaler(plan, 1).checked == checked
+    assert ("no per-step overflow check" in plan.describe()) == (not checked)

@@ -14,16 +14,23 @@ from msdist.run.position import Position
 
 
 def test_loss_accumulator_reads_the_mean_since_the_last_read():
+    """The train step adds its loss to a device total inside its own graph; the host reads the window's mean."""
     import mindspore as ms
-    from msdist.engine.step import LossAccumulator
+    from mindspore import nn
+    from msdist.engine import loss_scale, optim, precision, step
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    losses = LossAccumulator()
-    for value in (1.0, 2.0, 6.0):
-        losses.add(ms.Tensor(np.float32(value)))
-    assert losses.read() == 3.0
-    losses.add(ms.Tensor(np.float32(5.0)))
-    assert losses.read() == 5.0
+    net = step.build_network("convnet_tiny", 4, False, False, 1)
+    optimizer = optim.create_optimizer(net.trainable_params(), np.full(8, 0.01, np.float32), 0.9, 0.0)
+    train = step.TrainStep(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer,
+                           loss_scale.LossScaler(precision.LossScalePlan(False, 1.0, checked=False), 1))
+    rng = np.random.default_rng(0)
+    labels = ms.Tensor(np.array([0, 1, 2, 3], np.int32))
+    seen = [train.train_on(ms.Tensor(rng.random((4, 3, 32, 32), dtype=np.float32)), labels) for _ in range(3)]
+    total = seen[0] + seen[1] + seen[2]  # float32 sums in the same order as the device total
+    assert train.losses.read() == float(total.asnumpy()) / 3
+    last = train.train_on(ms.Tensor(rng.random((4, 3, 32, 32), dtype=np.float32)), labels)
+    assert train.losses.read() == float(last.asnumpy())
 
 
 def test_epoch_loss_weights_each_window_by_its_steps():
@@ -57,7 +64,7 @@ def test_gpu_config_is_the_8_gpu_recipe():
     # a fixed global batch, so a fixed LR (0.1 per 256 images) on 1, 4 or 8 GPUs; BatchNorm sees 1024 / N per GPU
     assert not cfg.scale_lr and cfg.lr == 0.1 * cfg.batch_size / 256
     assert cfg.warmup_epochs > 0 and cfg.amp_level == "auto" and cfg.loss_scale == "auto"
-    assert config.fusion_split(cfg.allreduce_fusion) == [85, 160]
+    assert config.fusion_split(cfg.allreduce_fusion) is None  # auto: byte buckets in network order
 
 
 def test_allreduce_fusion_is_validated(monkeypatch):
@@ -69,12 +76,16 @@ def test_allreduce_fusion_is_validated(monkeypatch):
     for bad in ("160,85", "a,b", "0,3"):
         with pytest.raises(ConfigError, match="strictly increasing parameter indices"):
             config.parse(["--allreduce_fusion", bad])
+    assert config.parse([]).allreduce_fusion == "auto" and config.fusion_split("auto") is None
+    net = step.build_network("resnet18", 10, False, False, 1)
     with pytest.raises(ConfigError, match="it has 62"):  # e.g. [85, 160] on a ResNet-18
-        step.split_allreduce_fusion([85, 160], num_params=62, world_size=2)
+        step.bucket_gradients(net, [85, 160], world_size=2)
     import mindspore as ms
-    step.split_allreduce_fusion([85, 160], num_params=161, world_size=2)
     try:
-        assert ms.get_auto_parallel_context("all_reduce_fusion_config") == [85, 160]
+        plan = step.bucket_gradients(net, None, world_size=2)
+        # Each parameter carries its bucket's number in send order: MindSpore's reducer fuses equal numbers.
+        assert [p.comm_fusion for p in net.trainable_params()] == [2] * 49 + [1] * 13 and len(plan) == 2
+        assert ms.get_auto_parallel_context("comm_fusion")["allreduce"]["config"] == 26  # above the largest bucket
     finally:
         ms.reset_auto_parallel_context()
 
