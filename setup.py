@@ -21,12 +21,12 @@ setup(
     install_requires=["mindspore", "numpy", "scipy", "pillow", "pyyaml", "safetensors", "tqdm"],
     extras_require={
         # tensorboard: its event reader checks our files; onnxruntime: runs the exported ONNX model;
-        # import-linter: the layer contracts in .importlinter (tests/test_layout.py)
+        # import-linter: the layer contracts in .importlinter (tests/unit/test_layout.py)
         "test": ["pytest", "hypothesis", "tensorboard", "onnxruntime", "import-linter"],
         "tensorboard": ["tensorboardX"],
         "report": ["matplotlib"],
         # The references, never runtime dependencies (`pip install torch` can pull the multi-GB CUDA build):
-        # torchvision's own ResNets prove msdist computes what torch computes (tests/test_torch_weights.py),
+        # torchvision's own ResNets prove msdist computes what torch computes (tests/*/test_torch_weights.py),
         # torch reads .pth files for --pretrained and gives benchmarks/throughput.py its PyTorch row.
         "reference": ["torch==2.13.0", "torchvision==0.28.0"],
     },

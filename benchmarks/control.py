@@ -1,5 +1,5 @@
 """The noise floor of a per-step equivalence check, measured in this process (benchmarks/equivalence.py and
-tests/test_equivalence.py import it; it is not part of msdist).
+tests/integration/test_equivalence.py import it; it is not part of msdist).
 
 "N ranks train the same model as one card" is checked by comparing weights after a few steps. How
 close they can be is not a fixed number: it depends on the model and the images. Two correct

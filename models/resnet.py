@@ -10,7 +10,7 @@ starts every block's last BatchNorm gamma at zero so each block begins as the id
 "mindspore" pads as MindSpore's pad_mode="same" (0 before, 1 after on an even map; the model zoo, MindCV,
 msdist's own training), "torch" pads 1 on every side (torchvision, timm). Everything else already computes
 what torch computes (symmetric convolution padding, BatchNorm eps 1e-5, mean pool, Dense = Linear); the test
-against torchvision's own models (tests/test_torch_weights.py) would find any other difference.
+against torchvision's own models (tests/integration/test_torch_weights.py) would find any other difference.
 """
 from typing import Sequence, Type
 

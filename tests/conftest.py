@@ -1,8 +1,12 @@
-"""Shared fixtures: the real data, and running msdist entry points as real processes."""
+"""Shared fixtures and helpers of tests/unit and tests/integration (pytest.ini puts tests/ on sys.path): the real
+data, running msdist entry points as real processes, and the small files several test modules write or read."""
 import glob
+import json
+import logging
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -19,12 +23,55 @@ TINY_CONFIG = os.path.join(REPO, "configs", "tiny_test.yaml")
 TRAIN_WITH_TEST_MODELS = os.path.join(REPO, "tests", "train_with_test_models.py")
 add_family("convnet")  # tests/convnet.py, BatchNorm-free; tests/ is on sys.path
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+TEST_SIZE = 64  # tests/data/fruits360-mini
+OLD = os.path.join(REPO, "tests", "data", "old_checkpoint")
+OLD_SINGLE = os.path.join(OLD, "single", "resnet_tiny_rank0-2_6.ckpt")
+# The options the old checkpoints were written with (tests/data/old_checkpoint/README.md).
+OLD_OPTIONS = ("--epochs", 2, "--deterministic", "true", "--log_every", 1, "--loss_scale", "dynamic",
+               "--ema_decay", 0.9)
+
+
+INTEGRATION = os.path.join(REPO, "tests", "integration")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marker must be there when it looks
+def pytest_collection_modifyitems(items):
+    """Every test in tests/integration starts real processes (msdist faces, mpirun, msdist.launch, msrun,
+    namespaces), so it is `slow` by where it lives and stays out of the fast subset (docs/testing.md)."""
+    for item in items:
+        if str(item.path).startswith(INTEGRATION + os.sep):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _msdist_logging_restored():
+    """logs.setup_logging configures msdist's loggers for the process: give later tests (caplog) theirs back."""
+    loggers = [logging.getLogger(name) for name in ("msdist", "msdist.crash")]
+    saved = [(lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+    yield
+    for lg, (handlers, level, propagate) in zip(loggers, saved):
+        lg.handlers, lg.level, lg.propagate = handlers, level, propagate
 
 
 @pytest.fixture(scope="session")
 def data_dir():
     assert os.path.isdir(REAL_DATA), f"real test data missing at {REAL_DATA}"
     return REAL_DATA
+
+
+@pytest.fixture(scope="session")
+def torchvision():
+    """(torch, torchvision): the references the weights tests compare msdist with; they skip without them."""
+    torch = pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[reference]'")
+    # torchvision's PyPI wheel links libtorch_cuda; next to the CPU torch, registering the fake kernels of its C
+    # ops (nms, ...) fails at import. Its models never call those ops, so the registration is skipped meanwhile.
+    register_fake = torch.library.register_fake
+    torch.library.register_fake = lambda *args, **kwargs: (lambda fn: fn)
+    try:
+        tv = pytest.importorskip("torchvision", reason="torchvision is not installed: pip install -e '.[reference]'")
+    finally:
+        torch.library.register_fake = register_fake
+    return torch, tv
 
 
 def base_env() -> dict:
@@ -91,7 +138,7 @@ def worst_relative_gap(a: dict, b: dict) -> float:
 
 @pytest.fixture(scope="session")
 def standalone_run(tmp_path_factory, data_dir):
-    """(output_dir, process) of one short single-card run; shared by test_core and test_model_use."""
+    """(output_dir, process) of one short single-card run; shared by integration/test_train.py and test_model_use.py."""
     out = tmp_path_factory.mktemp("standalone")
     # 60 steps (5 epochs of the 192-image set): 12 steps learn or not depending on the seed's draws.
     proc = run_msdist("train", tiny_args(data_dir, out, "--epochs", 5, "--max_steps", 60, "--save_every_epochs", 5))
@@ -114,19 +161,33 @@ def pad_crop_flip(image: np.ndarray, params: np.ndarray, padding: int) -> np.nda
     return np.ascontiguousarray(image[:, ::-1] if flip else image)
 
 
-@pytest.fixture(scope="session")
-def torchvision():
-    """(torch, torchvision): the references the weights tests compare msdist with; they skip without them."""
-    torch = pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[reference]'")
-    # torchvision's PyPI wheel links libtorch_cuda; next to the CPU torch, registering the fake kernels of its C
-    # ops (nms, ...) fails at import. Its models never call those ops, so the registration is skipped meanwhile.
-    register_fake = torch.library.register_fake
-    torch.library.register_fake = lambda *args, **kwargs: (lambda fn: fn)
-    try:
-        tv = pytest.importorskip("torchvision", reason="torchvision is not installed: pip install -e '.[reference]'")
-    finally:
-        torch.library.register_fake = register_fake
-    return torch, tv
+def _write_pretrained(path, num_classes, rename=lambda n: n, seed=7):
+    import mindspore as ms
+    from models import create_model
+    ms.set_seed(seed)
+    net = create_model("resnet_tiny", num_classes)
+    for param in net.get_parameters():  # give the BN statistics values a fresh model would not have
+        if "moving_" in param.name:
+            param.set_data(ms.Tensor(np.random.default_rng(seed).random(param.shape, dtype=np.float32) + 0.5))
+    entries = [{"name": rename(p.name), "data": p} for p in net.get_parameters()]
+    entries.append({"name": "moments.fc.weight", "data": ms.Tensor(np.zeros((1,), np.float32))})  # optimizer state
+    ms.save_checkpoint(entries, str(path), append_dict={"learning_rate": 0.1})
+    return {p.name: p.asnumpy().copy() for p in net.get_parameters()}
+
+
+def _records(run_dir, kind):
+    from msdist.run import metrics
+    with open(os.path.join(run_dir, metrics.METRICS_FILE), encoding="utf-8") as f:
+        return [r for r in map(json.loads, f) if r["kind"] == kind]
+
+
+def _write_beat(log_dir, rank, **fields):
+    from msdist.cluster import heartbeat
+    beat = {"time": time.time(), "pid": 100 + rank, "rank": rank, "host": "a", "epoch": 4, "step": 1,
+            "global_step": 37, "phase": "train step", "phase_s": 1.0, "limit_s": 60.0, "median_step_s": 0.5}
+    beat.update(fields)
+    with open(heartbeat.path_for(str(log_dir), rank), "w") as f:
+        json.dump(beat, f)
 
 
 def fake_gpu_node(root, gpus: int, cuda: bool = True) -> str:

@@ -92,7 +92,7 @@ def flip_batch(images: np.ndarray, flips: np.ndarray) -> np.ndarray:
 def normalize(images: np.ndarray, mean, std) -> np.ndarray:
     """(x - mean) / std per channel of NCHW pixel values in float32: bit for bit MindSpore's C++ Normalize,
     which computes the same in float32, in one pass plus one in place (a 4-D C++ Normalize after the batch
-    costs twice as much CPU, tests/test_pipeline.py checks the bits)."""
+    costs twice as much CPU, tests/unit/data/test_pipeline.py checks the bits)."""
     out = np.subtract(images, np.asarray(mean, np.float32).reshape(-1, 1, 1), dtype=np.float32)
     return np.divide(out, np.asarray(std, np.float32).reshape(-1, 1, 1), out=out)
 

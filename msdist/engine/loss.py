@@ -15,7 +15,7 @@ Both kernels' gradients (softmax minus one-hot, over the batch) stay finite and 
 while the logged loss was inf (issue 34). Computed as `log(sum(exp(z - max))) - (z_label - max)` from
 primitives every device has, the loss is exact where the kernel's is inf or capped. On CPU its gradient
 equals the kernel's bit for bit (measured: ResNet-tiny weights identical after 3 steps under amp O0, O2
-and O3); tests/test_loss.py holds it within 1e-6 of the kernel's and of float64 inside a real train step.
+and O3); tests/unit/engine/test_loss.py holds it within 1e-6 of the kernel's and of float64 inside a real train step.
 
 Soft labels (label smoothing, mixup, cutmix) keep `ops.SoftmaxCrossEntropyWithLogits` (`step.create_loss`
 builds both): its kernels already subtract the maximum and add log(sum(exp)) (CPU

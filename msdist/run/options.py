@@ -1,6 +1,6 @@
 """The options resolved once: what each layer needs, as small typed values, decided here from the parsed config.
 
-data/ and engine/ never see the config namespace (tests/test_plain_values.py checks it): they take the
+data/ and engine/ never see the config namespace (tests/unit/test_plain_values.py checks it): they take the
 objects made here, each defined where it belongs (`pipeline.TrainInput`, `augment.Regularization`) or
 plain values. Every fallback of the form "0 = derive it" is decided here, once, so no two places can
 derive it differently. The checks over option values and the world size run earlier, in `config.parse`

@@ -1,0 +1,42 @@
+"""`python -m msdist.plan_scale` (#35): the forecast's arithmetic on hand-computed cases, the bucket order taken from
+the real network, the refusals, and the --json document. No timing: the published and local comparisons live in
+benchmarks/scaling_validation.py (docs/scaling.md)."""
+import json
+import os
+
+import pytest
+
+from conftest import REPO, run_msdist
+from msdist.run import forecast
+
+
+R18_CONFIG = os.path.join(REPO, "configs", "resnet18_fruits360.yaml")
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--model", "resnet34", "--gpu", "A100"], "--step_ms"),
+    (["--gpu", "T4"], "--step_ms"),
+    ([], "--step_ms"),
+    (["--gpu", "K80", "--amp_level", "O2"], "--step_ms"),
+    (["--gpu", "A100", "--network", "ib800"], "ib400"),
+    (["--model", "resnet99", "--step_ms", "100"], "resnet50"),
+])
+def test_what_the_tables_do_not_hold_is_refused_in_one_line(args, named):
+    proc = run_msdist("plan_scale", ["--config", R18_CONFIG, *args], check=False, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0], proc.stderr
+
+
+def test_json_holds_every_row_of_every_exchange():
+    proc = run_msdist("plan_scale", ["--config", R18_CONFIG, "--gpu", "A100", "--per_gpu_batch", "64", "--json"])
+    report = json.loads(proc.stdout)
+    assert report["scaling"] == "weak" and report["batch"] == {"per_gpu": 64}
+    assert set(report["forecasts"]) == {"none", "fp16", "topk"}
+    for table in report["forecasts"].values():
+        assert [r["gpus"] for r in table["rows"]] == list(forecast.SCALES)
+        assert set(table["rows"][0]) == {"gpus", "nodes", "per_gpu_batch", "compute_ms", "exposed_ms", "step_ms",
+                                         "images_per_sec", "efficiency", "input_cores_per_gpu", "dominated"}
+    assert report["gradients"]["buckets"][-1]["first"] == "stem.0.weight"
+    text = run_msdist("plan_scale", ["--config", R18_CONFIG, "--gpu", "A100"]).stdout
+    assert "strong scaling: global batch 32 kept" in text and "communication" in text

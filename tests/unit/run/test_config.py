@@ -1,0 +1,56 @@
+"""run/config.py: every shipped config parses, YAML < command line, unknown keys and models refused before
+MindSpore loads, the resolved config round-trips."""
+import os
+
+import pytest
+
+from conftest import REPO, TINY_CONFIG
+from msdist.base.errors import ConfigError
+from msdist.run import config, startup
+
+
+def test_every_config_parses():
+    names = sorted(f for f in os.listdir(os.path.join(REPO, "configs")) if f.endswith(".yaml"))
+    assert {"resnet50_fruits360.yaml", "resnet18_fruits360.yaml", "tiny_test.yaml"} <= set(names)
+    for name in names:
+        cfg = config.parse(["--config", os.path.join(REPO, "configs", name)])
+        assert cfg.model and cfg.batch_size > 0, name
+        # What msdist.train checks before MindSpore loads (model name, batch splits), for 1 to 8 ranks.
+        for world in (1, 2, 4, 8):
+            startup.check_model(cfg, world)
+            startup.check_batch_split(cfg, world)
+
+
+def test_a_config_with_an_unknown_model_is_refused_before_mindspore(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: resnet5\n")
+    with pytest.raises(ConfigError, match="unknown model 'resnet5'; did you mean resnet50"):
+        startup.check_model(config.parse(["--config", str(bad)]), 1)
+
+
+def test_seed_config_matches_the_tutorial():
+    """The tutorial's recipe, but float32 without its fixed scale 1024: under amp O0 it changed nothing numerically
+    and cost the per-step overflow check (issue 32 item 8)."""
+    cfg = config.parse(["--config", os.path.join(REPO, "configs", "resnet50_fruits360.yaml")])
+    assert (cfg.model, cfg.batch_size, cfg.lr, cfg.momentum, cfg.loss_scale, cfg.epochs, cfg.image_size) == \
+        ("resnet50", 32, 0.01, 0.9, "auto", 10, 100)
+
+
+def test_cli_overrides_yaml_and_rejects_unknown_keys(tmp_path):
+    cfg = config.parse(["--config", TINY_CONFIG, "--lr", "0.5", "--augment", "false"])
+    assert cfg.lr == 0.5 and cfg.augment is False and cfg.model == "resnet_tiny"
+    with pytest.raises(ConfigError, match="did you mean --epochs"):
+        config.parse(["--epochs_num", "3"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("batch_sise: 4\n")
+    with pytest.raises(ConfigError, match="batch_sise.*did you mean --batch_size"):
+        config.parse(["--config", str(bad)])
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = config.parse(["--config", TINY_CONFIG, "--seed", "7"])
+    path = tmp_path / "config.yaml"
+    config.save(cfg, str(path))
+    again = config.parse(["--config", str(path)])
+    assert vars(again) == {**vars(cfg), "config": str(path)}
+    assert config.config_hash(again) == config.config_hash(cfg)
