@@ -1,4 +1,4 @@
-"""Test-only (tests/test_unregistered_rank.py): hold one rank back before it can register with MindSpore's
+"""Test-only (tests/integration/test_unregistered_rank.py): hold one rank back before it can register with MindSpore's
 scheduler, the deterministic stand-in for the start-up race of issue #34. Nothing in msdist imports this.
 
 With this folder on PYTHONPATH, Python runs this file at start-up in every process. Given

@@ -89,8 +89,9 @@ def test_backbone_lr_scale_groups():
                                   ("fc.bias", (3,)))]
     lrs = np.array([0.1, 0.2], np.float32)
     groups = optim.param_groups(params, 1e-4, lrs, backbone_lr_scale=0.1)
-    by_name = {p.name: (g["lr"].asnumpy(), g["weight_decay"]) for g in groups for p in g["params"]}
+    assert groups[-1] == {"order_params": params}  # network order kept (gradient buckets)
+    by_name = {p.name: (g["lr"].asnumpy(), g["weight_decay"]) for g in groups[:-1] for p in g["params"]}
     np.testing.assert_allclose(by_name["conv.weight"][0], lrs * 0.1)
     np.testing.assert_allclose(by_name["fc.weight"][0], lrs)
     assert by_name["conv.weight"][1] == by_name["fc.weight"][1] == 1e-4 and by_name["fc.bias"][1] == 0.0
-    assert len(optim.param_groups(params, 1e-4)) == 2  # scale 1: the plain two groups, no per-group lr
+    assert len(optim.param_groups(params, 1e-4)) == 3  # scale 1: the plain two groups (no per-group lr), order

@@ -20,7 +20,7 @@ from msdist.cluster import registration
 RUN_LIMIT_S = 300
 HOLD_S = 200          # far longer than the run: only a respawn (or the end of the job) gets past it
 REGISTER_WAIT_S = 5   # the scaled-down --stall_register_timeout
-HOLD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hold_registration")
+HOLD_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hold_registration")
 # MindSpore 2.10's scheduler, as it logs a registration (meta_server_node.cc:254)
 SCHEDULER_LINES = """\
 [WARNING] DISTRIBUTED(22888,7fc1a0ab4b80,python3):2026-11-26-07:05:24.012.047 [mindspore/ccsrc/cluster/topology/cluster_context.cc:316] BuildCluster] Topology build timed out., retry(1/3600).
