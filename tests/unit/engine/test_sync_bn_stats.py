@@ -51,6 +51,7 @@ def activations():
     return _resnet18_bn_inputs()
 
 
+@pytest.mark.slow  # a full-size ResNet-18 forward for its activations
 def test_float32_statistics_match_float64_on_resnet18_activations(activations):
     import mindspore as ms
     for x in activations:
@@ -61,6 +62,7 @@ def test_float32_statistics_match_float64_on_resnet18_activations(activations):
         assert gap <= TOLERANCE, f"{x.shape}: float32 statistics off by {gap:.2e} of the output range"
 
 
+@pytest.mark.slow  # the same activations
 def test_float32_statistics_stay_exact_when_the_mean_lies_far_from_zero(activations):
     """Every activation shifted by 1000 (mean/std ~ 2000), where E[x^2] - E[x]^2 in float32 loses every digit of
     the variance: the corrected two-pass sums keep it to 1e-6, and the mean within the float32 rounding of

@@ -91,6 +91,7 @@ def test_the_first_dominated_n_is_where_exposed_reaches_compute():
     assert table.first_dominated() == 4
 
 
+@pytest.mark.slow  # builds ResNet-18 and ResNet-50 and runs a PyNative forward
 def test_buckets_and_backward_costs_come_from_the_real_network():
     from models import create_model
     from msdist.engine import buckets
