@@ -146,7 +146,7 @@ def _bfloat16_bits(values: np.ndarray) -> np.ndarray:
 
 def test_bfloat16_safetensors_load_as_float32_and_convert(tmp_path):
     from msdist.run import checkpoint, weights
-    from test_torch_weights import _torch_name
+    from torch_files import _torch_name
     params = _model_params("resnet_tiny", 4)
     tensors, widened = {}, {}
     for name, value in params.items():
