@@ -4,15 +4,18 @@ published: msdist.plan_scale's model (msdist/run/forecast.py, the constants of m
   buckets of ResNet-50 / ResNet-101 at 224 px, 1000 classes) against published multi-GPU runs, with the
   relative error. No constant is fitted to these points; one set per GPU and link preset.
 local: the same model on what this host runs. mccl's all-reduce over loopback is timed for 64 KB..128 MB at 2
-  and 4 ranks (mpirun) and one alpha-beta "link" is fitted to all points; each rank's compute is measured as
-  R concurrent 1-rank msdist.train runs, each pinned to one core as mpirun pins ranks (so at the per-rank
-  thread count, sharing the cores as the ranks do); the forecast of the R-rank step is compared with a real
-  `mpirun -n R python -m msdist.train` of the same shapes. The host is shared: `uptime` is printed with
-  every figure, and every time is the lowest of its repeats (steps, all-reduces), since other load only adds.
+  and 4 ranks (mpirun; each timed all-reduce on a tensor out of the CPU's cache, as training's gradients are)
+  and one alpha-beta "link" is fitted to all points; each rank's compute is measured as R concurrent 1-rank
+  msdist.train runs, each pinned to one core as mpirun pins ranks (so at the per-rank thread count, sharing the
+  cores as the ranks do); the forecast of the R-rank step (compute + every AllReduce op MindSpore compiles, none
+  hidden: a CPU rank runs its all-reduce on its own cores) is compared with a real `mpirun -n R python -m
+  msdist.train` of the same shapes. The host may be shared: compute-alone and real runs alternate, back to back,
+  every figure is a median (of steps, of rounds, of all-reduces), and `uptime` is printed with every run.
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,12 +25,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 import throughput  # noqa: E402  (benchmarks/ is this script's directory: one child runner, one log parser)
 from msdist.run import forecast, hardware  # noqa: E402
-from msdist.engine import buckets  # noqa: E402
-from msdist.run.forecast import Compute, Gradients, Network  # noqa: E402
+from msdist.run.forecast import Compute, Network  # noqa: E402
 
-SIZES = tuple(64 * 1024 * 4 ** i for i in range(6)) + (128 * 2 ** 20,)  # 64 KB .. 64 MB, 128 MB
+SIZES = tuple(64 * 1024 * 2 ** i for i in range(12))  # 64 KB .. 128 MB
 LOCAL_MODELS = ("resnet18", "resnet50")
 LOCAL_IMAGE_SIZE, LOCAL_PER_RANK_BATCH, LOCAL_CLASSES = 64, 8, 4
+COLD_BYTES = 128 * 2**20  # 4x this host's L3 cache (32 MB): each timed all-reduce reads memory, not cache
 
 
 def uptime() -> str:
@@ -83,8 +86,11 @@ def print_published(rows: list) -> None:
 # ---------------------------------------------------------------------------------------------- this host
 
 def worker_allreduce(sizes: str, reps: str) -> None:
-    """Seconds of one mccl AllReduce of each size (float32), lowest of `reps` after a warm-up; run under mpirun.
+    """Seconds of one mccl AllReduce of each size (float32), median of `reps` after a warm-up; run under mpirun.
 
+    Each timed all-reduce reads a tensor not used since COLD_BYTES of others: training reduces gradients
+    backward has just written among its activations, not a buffer the last all-reduce left in the CPU's cache
+    (reusing one tensor, a 24 MB all-reduce ran 2.5x faster than a 32 MB one: this host's L3 is 32 MB).
     Rank 0 prints them; every rank then leaves the job as msdist.train does (distributed.finish, no teardown).
     """
     from msdist.cluster import distributed, runtime
@@ -106,14 +112,16 @@ def worker_allreduce(sizes: str, reps: str) -> None:
     dist, collectives = startup.join(started, tempfile.mkdtemp(prefix="msdist-scaling-"))
     reduce, seconds = Reduce(), {}
     for nbytes in map(int, sizes.split(",")):
-        x = ms.Tensor(np.ones(nbytes // 4, np.float32))
-        reduce(x).asnumpy()
+        tensors = [ms.Tensor(np.ones(nbytes // 4, np.float32)) for _ in range(max(2, -(-COLD_BYTES // nbytes)))]
+        reduce(tensors[-1]).asnumpy()
         times = []
-        for _ in range(int(reps)):
+        for i in range(int(reps)):
+            x = tensors[i % len(tensors)]
             start = time.perf_counter()
             reduce(x).asnumpy()
             times.append(time.perf_counter() - start)
-        seconds[nbytes] = min(times)
+        seconds[nbytes] = statistics.median(times)
+        del tensors
     if dist.is_main:
         print("RESULT " + json.dumps({"world": dist.world_size, "seconds": seconds}), flush=True)
     distributed.finish(started.launch, dist, collectives)
@@ -148,26 +156,26 @@ def _train_cmd(model: str, ranks_batch: int, out: str, data_dir: str, steps: int
             "--epochs", "1", "--max_steps", str(steps), "--eval_every_epochs", "0"]
 
 
-def _fastest_step(out: str, ranks: int, skip: int = 2) -> float:
-    """The lowest s/step of the run's ranks after the first `skip` steps."""
-    return min(s for r in range(ranks) for s, _ in throughput._step_lines(out, r)[skip - 1:])
+def _median_step(out: str, ranks: int) -> float:
+    """s/step of a run: each rank's median after its first two steps, the slowest rank's (the others wait for it)."""
+    return max(statistics.median(s for s, _ in throughput._step_lines(out, r)[1:]) for r in range(ranks))
 
 
 def concurrent_compute(model: str, ranks: int, data_dir: str, steps: int, root: str) -> float:
-    """s/step of `ranks` simultaneous 1-rank runs at the per-rank batch, each pinned to one core (the slowest run's
-    fastest step: a rank of the real job waits for the slowest)."""
-    cores = len(os.sched_getaffinity(0))
+    """s/step of `ranks` simultaneous 1-rank runs at the per-rank batch, each pinned to one core (the slowest run's:
+    a rank of the real job waits for the slowest)."""
+    cores = sorted(os.sched_getaffinity(0))
     procs, outs = [], []
     for i in range(ranks):
         out = os.path.join(root, f"{model}_alone{ranks}_{i}")
-        cmd = ["taskset", "-c", str(sorted(os.sched_getaffinity(0))[i % cores])] + _train_cmd(
-            model, LOCAL_PER_RANK_BATCH, out, data_dir, steps)
+        cmd = ["taskset", "-c", str(cores[i % len(cores)])] + _train_cmd(model, LOCAL_PER_RANK_BATCH, out, data_dir,
+                                                                         steps)
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=throughput._env(), stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL))
         outs.append(out)
     if any(p.wait(timeout=3600) for p in procs):
         raise RuntimeError(f"a concurrent {model} run failed; see {root}")
-    return max(_fastest_step(out, 1) for out in outs)
+    return max(_median_step(out, 1) for out in outs)
 
 
 def measured_step(model: str, ranks: int, data_dir: str, steps: int, root: str) -> float:
@@ -175,77 +183,96 @@ def measured_step(model: str, ranks: int, data_dir: str, steps: int, root: str) 
     cmd = ["mpirun", "-n", str(ranks), "--oversubscribe"] + _train_cmd(model, LOCAL_PER_RANK_BATCH * ranks, out,
                                                                          data_dir, steps)
     throughput.run_child(cmd, throughput._env(), "msdist.train", 3600)
-    return _fastest_step(out, ranks)
+    return _median_step(out, ranks)
 
 
-def measure_local(data_dir: str, steps: int, reps: int, rounds: int) -> dict:
-    """mccl's all-reduce at 2 and 4 ranks, then per model and rank count `rounds` alternations of (concurrent 1-rank
-    runs, the real mpirun job): other jobs' load comes and goes between runs, so each kind's lowest is kept."""
+def _load(text: str) -> str:
+    """The 1-minute load average of an `uptime` line."""
+    return text.split("load average:")[-1].split(",")[0].strip()
+
+
+def measure_local(data_dir: str, steps: int, reps: int, rounds: int, models, rank_counts) -> dict:
+    """mccl's all-reduce at each rank count, then `rounds` rounds over every (model, ranks) of a compute-alone run
+    and the real mpirun job back to back: load comes and goes, so each pair sees nearly the same, and each kind's
+    median over the rounds is kept."""
     from msdist.run import config
     sweeps = {}
-    for ranks in (2, 4):
+    for ranks in rank_counts:
         sweeps[ranks] = {"seconds": sweep(ranks, reps), "uptime": uptime()}
-        print(f"mccl all-reduce, {ranks} ranks ({sweeps[ranks]['uptime']}):", ", ".join(
+        print(f"mccl all-reduce, {ranks} ranks (load {_load(sweeps[ranks]['uptime'])}):", ", ".join(
             f"{b / 2**20:g} MB {t * 1000:.1f} ms" for b, t in sweeps[ranks]["seconds"].items()), flush=True)
-    runs, root = [], tempfile.mkdtemp(prefix="msdist-scaling-")
-    for model in LOCAL_MODELS:
-        for ranks in (2, 4):
-            alone, measured, loads = [], [], []
-            for r in range(rounds):
-                alone.append(concurrent_compute(model, ranks, data_dir, steps, os.path.join(root, f"round{r}")))
-                loads.append(uptime())
-                measured.append(measured_step(model, ranks, data_dir, steps, os.path.join(root, f"round{r}")))
-                loads.append(uptime())
-            runs.append({"model": model, "ranks": ranks, "compute_rounds_s": alone, "measured_rounds_s": measured,
-                         "uptimes": loads})
-            print(f"{model} {ranks} ranks: compute alone {alone} s/step, real job {measured} s/step", flush=True)
+    runs = [{"model": m, "ranks": n, "compute_rounds_s": [], "measured_rounds_s": [], "uptimes": []}
+            for m in models for n in rank_counts]
+    root = tempfile.mkdtemp(prefix="msdist-scaling-")
+    for r in range(rounds):
+        for run in runs:
+            where = os.path.join(root, f"round{r}")
+            run["compute_rounds_s"].append(concurrent_compute(run["model"], run["ranks"], data_dir, steps, where))
+            run["uptimes"].append(uptime())
+            run["measured_rounds_s"].append(measured_step(run["model"], run["ranks"], data_dir, steps, where))
+            run["uptimes"].append(uptime())
+            print(f"round {r}: {run['model']} {run['ranks']} ranks: compute alone {run['compute_rounds_s'][-1]:.3f}, "
+                  f"real job {run['measured_rounds_s'][-1]:.3f} s/step (load {_load(run['uptimes'][-2])}, "
+                  f"{_load(run['uptimes'][-1])})", flush=True)
     fusion = next(o.default for o in config.TRAIN_OPTIONS if o.name == "allreduce_fusion")  # what training ran
     return {"sweeps": sweeps, "runs": runs, "allreduce_fusion": fusion}
 
 
 def predict_local(measured: dict) -> dict:
-    """The fitted loopback link and, per run, compute + exposed all-reduce against the real job's step."""
+    """The fitted loopback link and, per run, compute + every AllReduce op (none hidden) against the real job."""
     from msdist.run.network_cost import network_gradients
     sweeps = {int(n): {int(b): t for b, t in s["seconds"].items()} for n, s in measured["sweeps"].items()}
     link = fit_link([(n, b, t) for n, s in sweeps.items() for b, t in s.items()])
-    print(f"fitted loopback link: busbw {link.busbw_gbs * 1000:.0f} MB/s, latency {link.latency_us:.0f} us")
     rows, grads = [], {}
     for run in measured["runs"]:
         model, ranks = run["model"], run["ranks"]
         if model not in grads:
             grads[model] = network_gradients(model, LOCAL_CLASSES, LOCAL_IMAGE_SIZE, measured["allreduce_fusion"])
-        alone, real = min(run["compute_rounds_s"]), min(run["measured_rounds_s"])
-        # The concurrent runs' step already holds msdist's host work; the exchange is what the forecast adds.
-        compute = Compute(alone * 1000 / LOCAL_PER_RANK_BATCH, 0.0)
-        g = grads[model]
-        # Without all-reduce fusion on CPU (MindSpore before #32 item 4), each parameter is its own all-reduce.
-        per_parameter = Gradients(buckets.cut_after(g.sizes, range(len(g.sizes) - 1)), g.sizes, g.costs)
-        row, per_row = (forecast.forecast("none", plan, compute, Network(link, link, ranks), 0, LOCAL_PER_RANK_BATCH,
-                                          0.0, scales=(ranks,)).rows[0] for plan in (g, per_parameter))
-        rows.append({**run, "compute_s": alone, "exposed_s": row.exposed_ms / 1000, "predicted_s": row.step_ms / 1000,
-                     "measured_s": real, "error": row.step_ms / 1000 / real - 1,
-                     "per_parameter_predicted_s": per_row.step_ms / 1000,
-                     "per_parameter_error": per_row.step_ms / 1000 / real - 1})
-    print_local(rows)
+        alone, real = statistics.median(run["compute_rounds_s"]), statistics.median(run["measured_rounds_s"])
+        net = Network(link, link, ranks)
+        # The compute-alone runs' step already holds msdist's host work: the exchange is what the forecast adds.
+        row, hidden = (forecast.forecast("none", grads[model], Compute(alone * 1000 / LOCAL_PER_RANK_BATCH, 0.0,
+                                                                       hides_exchange=hides),
+                                         net, 0, LOCAL_PER_RANK_BATCH, 0.0, scales=(ranks,)).rows[0]
+                       for hides in (False, True))
+        rows.append({**run, "compute_s": alone, "allreduce_ops": len(grads[model].sends),
+                     "exposed_s": row.exposed_ms / 1000, "predicted_s": row.step_ms / 1000, "measured_s": real,
+                     "error": row.step_ms / 1000 / real - 1, "if_hidden_predicted_s": hidden.step_ms / 1000,
+                     "if_hidden_error": hidden.step_ms / 1000 / real - 1,
+                     "loads": [_load(u) for u in run["uptimes"]]})
+    print_local(sweeps, link, rows)
     return {"link": link.__dict__, "rows": rows}
 
 
-def print_local(rows: list) -> None:
+def print_local(sweeps: dict, link: hardware.Link, rows: list) -> None:
+    """The sweep, the fit and the comparison as markdown tables, ready for docs/scaling.md."""
+    ranks = sorted(sweeps)
+    print("\n| all-reduce size | " + " | ".join(f"{n} ranks (ms)" for n in ranks) + " |")
+    print("|---" * (len(ranks) + 1) + "|")
+    for nbytes in sorted(set().union(*sweeps.values())):
+        print(f"| {nbytes / 2**20:g} MB | " + " | ".join(f"{sweeps[n][nbytes] * 1000:.1f}" for n in ranks) + " |")
+    print(f"\nfitted loopback link: busbw {link.busbw_gbs * 1000:.0f} MB/s, latency {link.latency_us:.0f} us\n")
+    print("| model | ranks | compute alone (s/step) | AllReduce ops | all-reduce, none hidden (s) | predicted | "
+          "measured (`mpirun`) | error | if backward hid it (GPU rule) | load (1 min) after each run |")
+    print("|---" * 10 + "|")
     for r in rows:
-        print(f"{r['model']:<9} {r['ranks']} ranks: compute {r['compute_s']:.3f} s + exposed all-reduce "
-              f"{r['exposed_s']:.3f} s = predicted {r['predicted_s']:.3f} s/step, measured {r['measured_s']:.3f} "
-              f"({r['error']:+.1%}); one all-reduce per parameter: {r['per_parameter_predicted_s']:.3f} "
-              f"({r['per_parameter_error']:+.1%}) | rounds: compute {r['compute_rounds_s']}, measured {r['measured_rounds_s']} | "
-              f"load after each run: {' ; '.join(u.split('load average: ')[-1] for u in r['uptimes'])}", flush=True)
+        print(f"| {r['model']} | {r['ranks']} | {r['compute_s']:.3f} | {r['allreduce_ops']} | {r['exposed_s']:.3f} | "
+              f"{r['predicted_s']:.3f} | {r['measured_s']:.3f} | {r['error']:+.1%} | "
+              f"{r['if_hidden_predicted_s']:.3f}, {r['if_hidden_error']:+.1%} | {' '.join(r['loads'])} |")
+    print("\nrounds (compute alone / real job, s/step):", "; ".join(
+        f"{r['model']} x{r['ranks']}: {[round(t, 3) for t in r['compute_rounds_s']]} / "
+        f"{[round(t, 3) for t in r['measured_rounds_s']]}" for r in rows), flush=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--part", choices=("published", "local", "all"), default="all")
     parser.add_argument("--data_dir", default=throughput.DATA_DIR)
-    parser.add_argument("--steps", type=int, default=10, help="training steps per local run (the first two untimed)")
+    parser.add_argument("--steps", type=int, default=12, help="training steps per local run (the first two untimed)")
     parser.add_argument("--reps", type=int, default=5, help="timed all-reduces per size")
     parser.add_argument("--rounds", type=int, default=2, help="alternations of compute-alone and real runs")
+    parser.add_argument("--models", default=",".join(LOCAL_MODELS), help="local: models, comma-separated")
+    parser.add_argument("--ranks", default="2,4", help="local: rank counts, comma-separated")
     parser.add_argument("--reuse", default="", help="local: recompute the predictions from the measurements in this "
                         "--json file of an earlier run instead of measuring again")
     parser.add_argument("--json", default="", help="also write everything here")
@@ -262,7 +289,8 @@ def main() -> int:
             with open(args.reuse, encoding="utf-8") as f:
                 report["local_measured"] = json.load(f)["local_measured"]
         else:
-            report["local_measured"] = measure_local(args.data_dir, args.steps, args.reps, args.rounds)
+            report["local_measured"] = measure_local(args.data_dir, args.steps, args.reps, args.rounds,
+                                                     args.models.split(","), [int(n) for n in args.ranks.split(",")])
         report["local"] = predict_local(report["local_measured"])
     report["uptime_end"] = uptime()
     print(f"load: start {report['uptime_start']} | end {report['uptime_end']}")

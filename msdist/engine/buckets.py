@@ -8,6 +8,7 @@ while backward still runs through the first layers.
 MindSpore-free (duck-typed on `net.trainable_params()`), so `msdist.plan_scale` and the tests can
 plan buckets without loading MindSpore. `allreduce_fusion: auto` cuts by DEFAULT_BUCKET_BYTES.
 """
+import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -15,6 +16,9 @@ from msdist.base.errors import ConfigError
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # like DDP's 25 MB buckets; allreduce_fusion: auto
 FLOAT32_BYTES = 4
+# MindSpore's AllReduce fusion pass reads comm_fusion's "config" (MB, docs say) in units of 262144 bytes:
+# backend/common/pass/communication_op_fusion.cc, kDefaultThresholdMb2Byte = 262144 (GetAllReduceSplitSegment).
+BACKEND_THRESHOLD_UNIT = 262144
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,38 @@ def plan(sizes: Sequence[Tuple[str, int]], split_after: Optional[Sequence[int]])
         raise ConfigError(f"--allreduce_fusion index {split_after[-1]} is past the model's last trainable "
                           f"parameter (it has {len(sizes)}); use indices below {len(sizes)}, or auto")
     return cut_after(sizes, split_after)
+
+
+def fusion_config(plan: Sequence[Bucket]) -> int:
+    """The comm_fusion "config" (MB) the training step sets for these buckets: one MB above the largest.
+
+    Meant as "no further split"; MindSpore's fusion pass reads it as that many 256 KB units (`backend_segments`).
+    """
+    return math.ceil(max(b.nbytes for b in plan) / 2**20) + 1
+
+
+def backend_segments(sizes: Sequence[Tuple[str, int]], plan: Sequence[Bucket]) -> List[Bucket]:
+    """The AllReduce ops MindSpore compiles from these buckets, in SEND order: what actually crosses the ranks.
+
+    In data-parallel mode MindSpore's fusion pass cuts each bucket again (communication_op_fusion.cc,
+    GetAllReduceSplitSegment): walking the bucket in network order, a parameter that would take the running sum
+    past `fusion_config(plan) * BACKEND_THRESHOLD_UNIT` bytes ends the op, itself included, and the sum restarts
+    at zero. ResNet-18's two buckets compile to six AllReduce ops (the saved IR, docs/scaling.md).
+    """
+    threshold = fusion_config(plan) * BACKEND_THRESHOLD_UNIT
+    segments = []
+    for bucket in plan:
+        cuts, filled, start = [], 0, bucket.first
+        for i in range(bucket.first, bucket.last + 1):
+            if filled + sizes[i][1] > threshold:
+                cuts.append((start, i + 1))
+                start, filled = i + 1, 0
+            else:
+                filled += sizes[i][1]
+        if start <= bucket.last:
+            cuts.append((start, bucket.last + 1))
+        segments += [_bucket(sizes, a, b) for a, b in reversed(cuts)]
+    return segments
 
 
 def _bucket(sizes: Sequence[Tuple[str, int]], start: int, end: int) -> Bucket:

@@ -1,5 +1,4 @@
 """The network and the compiled train step (plain, or accumulating micro-batches)."""
-import math
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -273,9 +272,9 @@ def bucket_gradients(net, split_after: Optional[Sequence[int]], world_size: int)
     """Cut the gradients into all-reduce buckets (`--allreduce_fusion`) and tag each parameter with its bucket.
 
     Each trainable parameter's `comm_fusion` becomes its bucket's number in send order (1 = the last
-    layers'), so MindSpore's reducer gives each bucket one fused AllReduce (nn/wrap/grad_reducer.py:67-95,
+    layers'), so MindSpore's reducer fuses each bucket's AllReduce ops (nn/wrap/grad_reducer.py:67-95,
     `_init_allreduce_operators_by_parameters`: one op per parameter carrying its `comm_fusion`; the backend
-    fuses equal ids). `split_after` indices count in network order: MindSpore's own
+    fuses equal ids, in runs of at most `buckets.backend_segments`). `split_after` indices count in network order: MindSpore's own
     `all_reduce_fusion_config` counts in the optimizer's order, which is group by group
     (nn/optim/optimizer.py:612-617) unless `order_params` restores it, as `optim.param_groups` does.
 
@@ -292,22 +291,22 @@ def bucket_gradients(net, split_after: Optional[Sequence[int]], world_size: int)
         for number, bucket in enumerate(plan, start=1):
             for name in bucket.names:
                 params[name].comm_fusion = number
-        _enable_fusion(max(b.nbytes for b in plan))
+        _enable_fusion(buckets.fusion_config(plan))
     return plan
 
 
-def _enable_fusion(largest_bucket_bytes: int) -> None:
-    """Let the backend fuse each bucket's AllReduce ops into one, and no further split.
+def _enable_fusion(config: int) -> None:
+    """Let the backend fuse each bucket's AllReduce ops (`buckets.fusion_config` as the split threshold).
 
     GPU always runs MindSpore's AllReduceFusion pass; CPU only once `enable_all_reduce_fusion` is set
     (plugin/device/cpu/hal/hardware/cpu_device_context.cc, CPUKernelExecutor::OptimizeGraph), which a
     `comm_fusion` setting does (parallel/_auto_parallel_context.py:1261). In data-parallel mode the pass
-    cuts a fused group again past `dp_fusion_threshold_mb` (backend/common/pass/communication_op_fusion.cc,
-    GetAllReduceSplitSegment), so the threshold goes above the largest bucket.
+    cuts a fused group again past the threshold (backend/common/pass/communication_op_fusion.cc,
+    GetAllReduceSplitSegment), which it reads in 256 KB units: the buckets leave as `buckets.backend_segments`,
+    the messages `msdist.plan_scale` forecasts.
     """
     import mindspore as ms
-    ms.set_auto_parallel_context(comm_fusion={"allreduce": {"mode": "size",
-                                                            "config": math.ceil(largest_bucket_bytes / 2**20) + 1}})
+    ms.set_auto_parallel_context(comm_fusion={"allreduce": {"mode": "size", "config": config}})
 
 
 class LossAccumulator:

@@ -9,7 +9,8 @@ gradient exchange is still running when backward ends (exposed communication), p
 - An AllGather of s bytes per rank costs `latency + (n-1) * s / busbw` per level: it grows with N, which is
   what top-K and threshold pay (`allgather_seconds`).
 - Each exchange is a `Message`: ready when backward has produced all of its gradients, sent one after the other
-  on one stream. Backward produces the last layers first, and a parameter's share of backward time is its
+  on one stream. The float32 messages are the AllReduce ops MindSpore compiles of msdist's buckets
+  (`engine.buckets.backend_segments`). Backward produces the last layers first, and a parameter's share of backward time is its
   share of the network's multiply-adds (`backward_cost`), so a bucket of the last layers is ready early.
 
 Pure arithmetic, MindSpore-free (the top-K sizes come from the reducer's own rule, imported when used).
@@ -102,16 +103,22 @@ def backward_done(costs: Sequence[float]) -> List[float]:
 
 @dataclass(frozen=True)
 class Gradients:
-    """What the exchange works on: the buckets (send order) and every parameter in forward order."""
-    buckets: Sequence  # engine.buckets.Bucket, send order
+    """What the exchange works on: the buckets and the AllReduce ops they compile to (send order), and every
+    parameter in forward order."""
+    buckets: Sequence  # engine.buckets.Bucket, send order: the plan, which the fp16 reducer sends as they are
+    sends: Sequence  # engine.buckets.backend_segments: the float32 AllReduce ops MindSpore compiles of them
     sizes: Sequence[Tuple[str, int]]  # (name, float32 bytes), forward order
     costs: Sequence[float]  # backward cost of each parameter (its layer's multiply-adds), forward order
 
-    def bucket_messages(self, world: int, net: Network, bytes_scale: float = 1.0) -> List[Message]:
-        """The all-reduce of every bucket, in send order, each ready when its first parameter's gradient is."""
+    def allreduce_messages(self, world: int, net: Network, fp16: bool = False) -> List[Message]:
+        """One all-reduce per unit sent, in send order, each ready when its first parameter's gradient is.
+
+        float32: the ops MindSpore's fusion pass makes of the buckets (`sends`); fp16: msdist's reducer sends
+        each bucket as one flattened float16 tensor (reducers.Fp16BucketAllReduce), at half the bytes.
+        """
         done = backward_done(self.costs)
-        return [Message(done[b.first], hierarchical_allreduce_seconds(b.nbytes * bytes_scale, world, net))
-                for b in self.buckets]
+        units, scale = (self.buckets, 0.5) if fp16 else (self.sends, 1.0)
+        return [Message(done[b.first], hierarchical_allreduce_seconds(b.nbytes * scale, world, net)) for b in units]
 
     def topk_messages(self, world: int, net: Network, ratio: float) -> List[Message]:
         """msdist's top-K / threshold: per tensor, from the last, an AllGather of indices and one of values."""
@@ -131,15 +138,21 @@ EXCHANGES = ("none", "fp16", "topk")
 def messages_for(exchange: str, grads: Gradients, world: int, net: Network, topk_ratio: float) -> List[Message]:
     if exchange == "topk":
         return grads.topk_messages(world, net, topk_ratio)
-    return grads.bucket_messages(world, net, 0.5 if exchange == "fp16" else 1.0)
+    return grads.allreduce_messages(world, net, fp16=exchange == "fp16")
 
 
 @dataclass(frozen=True)
 class Compute:
-    """One GPU's forward + backward per image, and msdist's host work per step."""
+    """One GPU's forward + backward per image, and msdist's host work per step.
+
+    `hides_exchange`: whether backward can run while the exchange does. A GPU computes while its links and
+    NCCL's kernels move data; a CPU rank cannot: mccl's ring all-reduce is memcpy, TCP and a summing loop
+    run by the rank's own threads on the rank's own cores (docs/scaling.md, "Checked here").
+    """
     ms_per_image: float
     host_ms: float
     accum_steps: int = 1
+    hides_exchange: bool = True
 
 
 @dataclass(frozen=True)
@@ -182,7 +195,7 @@ def forecast(exchange: str, grads: Gradients, compute: Compute, net: Network, gl
             break
         compute_s = batch * compute.ms_per_image / 1000
         # Only the last micro-batch's backward can hide the exchange: the reduction waits for the accumulation.
-        window = compute_s / compute.accum_steps * BACKWARD_SHARE
+        window = compute_s / compute.accum_steps * BACKWARD_SHARE if compute.hides_exchange else 0.0
         exposed = exposed_seconds(messages_for(exchange, grads, n, net, topk_ratio), window)
         step = compute_s + exposed + compute.host_ms / 1000
         rate = n * batch / step

@@ -1,8 +1,8 @@
 """The real network's gradients as the forecast needs them: sizes, buckets and each parameter's backward cost.
 
-The parameter list and the buckets come from `engine.buckets`, the functions the training step uses, on the
-network `models.create_model` builds; so `msdist.plan_scale` and training cannot disagree about what is sent
-or in which order. A parameter's share of backward time is its layer's share of the forward multiply-adds,
+The parameter list, the buckets and the AllReduce ops MindSpore cuts them into come from `engine.buckets`, the
+functions the training step uses, on the network `models.create_model` builds; so `msdist.plan_scale` and
+training cannot disagree about what is sent or in which order. A parameter's share of backward time is its layer's share of the forward multiply-adds,
 counted from one forward pass at the run's image size (PyNative, forward hooks on every Conv2d and Dense).
 """
 import contextlib
@@ -63,4 +63,5 @@ def network_gradients(model: str, num_classes: int, image_size: int, allreduce_f
     sizes = buckets.parameter_sizes(net)
     macs = layer_multiply_adds(net, image_size)
     costs: List[float] = [macs.get(name, 0.0) for name, _ in sizes]  # BatchNorm and biases: next to nothing
-    return Gradients(buckets.plan(sizes, fusion_split(allreduce_fusion)), sizes, costs)
+    plan = buckets.plan(sizes, fusion_split(allreduce_fusion))
+    return Gradients(plan, buckets.backend_segments(sizes, plan), sizes, costs)

@@ -48,6 +48,32 @@ def test_a_parameter_larger_than_a_bucket_goes_alone_and_explicit_cuts_keep_send
     assert [b.names for b in buckets.cut_after(sizes, [])] == [("a", "b", "big", "c", "d")]
 
 
+def test_mindspore_cuts_each_bucket_past_its_threshold_in_256_kb_units():
+    # One bucket of 3 MB: the step sets comm_fusion config ceil(3) + 1 = 4, which MindSpore's fusion pass reads as
+    # 4 x 262144 = 1 MB. Walking a, b, c, d, e (0.5, 0.4, 0.3, 0.2, 1.6 MB): a + b = 0.9 MB; c would make 1.2 and
+    # ends the op, itself in it; then d = 0.2, e would make 1.8 and ends the next one. Sent last layers first.
+    sizes = [("a", MB // 2), ("b", 4 * MB // 10), ("c", 3 * MB // 10), ("d", 2 * MB // 10), ("e", 16 * MB // 10)]
+    sizes[-1] = ("e", 3 * MB - sum(n for _, n in sizes[:-1]))  # exactly 3 MB in all
+    plan = buckets.cut_after(sizes, [])
+    assert buckets.fusion_config(plan) == 4
+    assert [b.names for b in buckets.backend_segments(sizes, plan)] == [("d", "e"), ("a", "b", "c")]
+    # two buckets are cut each on its own, and a bucket under the threshold stays whole
+    two = buckets.cut_after(sizes, [1])
+    assert [b.names for b in buckets.backend_segments(sizes, two)] == [("c", "d", "e"), ("a", "b")]
+
+
+@pytest.mark.parametrize("model, counts", [("resnet18", [4, 3, 6, 3, 6, 40]),
+                                           ("resnet50", [7, 3, 6, 6, 3, 3, 9, 18, 15, 15, 76])])
+def test_resnets_compile_to_the_allreduce_ops_of_their_saved_ir(model, counts):
+    """`MS_DEV_SAVE_GRAPHS=1 mpirun -n 2 python -m msdist.train --model M ...` (4 classes), the final kernel graph
+    (hwopt_common_final_graph_*.ir): ResNet-18's holds six AllReduce ops of 40, 6, 3 (fusion 2) and 6, 3, 4
+    (fusion 1) gradients, ResNet-50's eleven of these counts."""
+    from models import create_model
+    sizes = buckets.parameter_sizes(create_model(model, 4))
+    sends = buckets.backend_segments(sizes, buckets.plan_buckets(sizes))
+    assert [len(b.names) for b in sends] == counts
+
+
 def test_the_optimizer_lists_parameters_in_network_order():
     """MindSpore lists grouped parameters group by group (decayed weights, then BatchNorm and biases) unless
     `order_params` is given: the gradient tuple, and so every bucket, follows this list."""
