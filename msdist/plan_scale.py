@@ -170,8 +170,8 @@ def render(report: dict) -> str:
              f"network: {net['gpus_per_node']} GPUs per node; inside {_link_text(net['intra'])}; between nodes "
              f"{_link_text(net['inter'])}",
              f"gradients: {grads['tensors']} tensors, {grads['bytes'] / 2**20:.1f} MB float32, "
-             f"allreduce_fusion {grads['allreduce_fusion']!r}, {len(grads['buckets'])} bucket(s) in send order: {sends}; "
-             f"MindSpore compiles them to {len(grads['allreduce_ops'])} AllReduce ops of at most "
+             f"allreduce_fusion {grads['allreduce_fusion']!r}, {len(grads['buckets'])} bucket(s) in send order: "
+             f"{sends}; MindSpore compiles them to {len(grads['allreduce_ops'])} AllReduce ops of at most "
              f"{max(b['bytes'] for b in grads['allreduce_ops']) / 2**20:.1f} MB (fp16 sends the buckets whole)",
              f"input: {report['input_us_per_image']:.0f} us CPU per image (msdist.data bench; --input_us for yours)"]
     for name, table in report["forecasts"].items():

@@ -274,8 +274,8 @@ def bucket_gradients(net, split_after: Optional[Sequence[int]], world_size: int)
     Each trainable parameter's `comm_fusion` becomes its bucket's number in send order (1 = the last
     layers'), so MindSpore's reducer fuses each bucket's AllReduce ops (nn/wrap/grad_reducer.py:67-95,
     `_init_allreduce_operators_by_parameters`: one op per parameter carrying its `comm_fusion`; the backend
-    fuses equal ids, in runs of at most `buckets.backend_segments`). `split_after` indices count in network order: MindSpore's own
-    `all_reduce_fusion_config` counts in the optimizer's order, which is group by group
+    fuses equal ids, then cuts them as `buckets.backend_segments` says). `split_after` indices count in network
+    order: MindSpore's own `all_reduce_fusion_config` counts in the optimizer's order, which is group by group
     (nn/optim/optimizer.py:612-617) unless `order_params` restores it, as `optim.param_groups` does.
 
     Args:

@@ -10,8 +10,9 @@ gradient exchange is still running when backward ends (exposed communication), p
   what top-K and threshold pay (`allgather_seconds`).
 - Each exchange is a `Message`: ready when backward has produced all of its gradients, sent one after the other
   on one stream. The float32 messages are the AllReduce ops MindSpore compiles of msdist's buckets
-  (`engine.buckets.backend_segments`). Backward produces the last layers first, and a parameter's share of backward time is its
-  share of the network's multiply-adds (`backward_cost`), so a bucket of the last layers is ready early.
+  (`engine.buckets.backend_segments`). Backward produces the last layers first, and a parameter's share of
+  backward time is its share of the network's multiply-adds (`backward_cost`), so a bucket of the last layers
+  is ready early. A CPU rank hides nothing (`Compute.hides_exchange`).
 
 Pure arithmetic, MindSpore-free (the top-K sizes come from the reducer's own rule, imported when used).
 """

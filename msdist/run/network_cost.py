@@ -2,8 +2,9 @@
 
 The parameter list, the buckets and the AllReduce ops MindSpore cuts them into come from `engine.buckets`, the
 functions the training step uses, on the network `models.create_model` builds; so `msdist.plan_scale` and
-training cannot disagree about what is sent or in which order. A parameter's share of backward time is its layer's share of the forward multiply-adds,
-counted from one forward pass at the run's image size (PyNative, forward hooks on every Conv2d and Dense).
+training cannot disagree about what is sent or in which order. A parameter's share of backward time is its
+layer's share of the forward multiply-adds, counted from one forward pass at the run's image size (PyNative,
+forward hooks on every Conv2d and Dense).
 """
 import contextlib
 import os
