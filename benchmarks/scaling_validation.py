@@ -197,19 +197,20 @@ def _load(text: str) -> str:
 
 
 def measure_local(data_dir: str, steps: int, reps: int, rounds: int, models, rank_counts) -> dict:
-    """mccl's all-reduce at each rank count, then `rounds` rounds over every (model, ranks) of a compute-alone run
-    and the real mpirun job back to back: load comes and goes, so each pair sees nearly the same, and each kind's
-    median over the rounds is kept."""
+    """`rounds` rounds of: mccl's all-reduce at each rank count, then for every (model, ranks) a compute-alone run
+    and the real mpirun job back to back. Load comes and goes, so each pair sees nearly the same, the sweeps and
+    the runs alternate, and each figure's median over the rounds is kept."""
     from msdist.run import config
-    sweeps = {}
-    for ranks in rank_counts:
-        sweeps[ranks] = {"seconds": sweep(ranks, reps), "uptime": uptime()}
-        print(f"mccl all-reduce, {ranks} ranks (load {_load(sweeps[ranks]['uptime'])}):", ", ".join(
-            f"{b / 2**20:g} MB {t * 1000:.1f} ms" for b, t in sweeps[ranks]["seconds"].items()), flush=True)
+    sweeps = {ranks: {"seconds_rounds": [], "uptimes": []} for ranks in rank_counts}
     runs = [{"model": m, "ranks": n, "compute_rounds_s": [], "measured_rounds_s": [], "compute_fastest_s": [],
              "measured_fastest_s": [], "uptimes": []} for m in models for n in rank_counts]
     root = tempfile.mkdtemp(prefix="msdist-scaling-")
     for r in range(rounds):
+        for ranks, record in sweeps.items():
+            record["seconds_rounds"].append(sweep(ranks, reps))
+            record["uptimes"].append(uptime())
+            print(f"round {r}: mccl all-reduce, {ranks} ranks (load {_load(record['uptimes'][-1])}):", ", ".join(
+                f"{b / 2**20:g} MB {t * 1000:.1f} ms" for b, t in record["seconds_rounds"][-1].items()), flush=True)
         for run in runs:
             where = os.path.join(root, f"round{r}")
             for kind, measure in (("compute", concurrent_compute), ("measured", measured_step)):
@@ -237,7 +238,8 @@ def predict_local(measured: dict) -> dict:
     """The fitted loopback link and, per run, compute + every AllReduce op (none hidden) against the real job:
     from each kind's median over the rounds, and again from each kind's fastest step."""
     from msdist.run.network_cost import network_gradients
-    sweeps = {int(n): {int(b): t for b, t in s["seconds"].items()} for n, s in measured["sweeps"].items()}
+    sweeps = {int(n): {int(b): statistics.median(r[b] for r in s["seconds_rounds"]) for b in s["seconds_rounds"][0]}
+              for n, s in measured["sweeps"].items()}
     link = fit_link([(n, b, t) for n, s in sweeps.items() for b, t in s.items()])
     rows, grads = [], {}
     for run in measured["runs"]:
