@@ -10,7 +10,8 @@ local: the same model on what this host runs. mccl's all-reduce over loopback is
   cores as the ranks do); the forecast of the R-rank step (compute + every AllReduce op MindSpore compiles, none
   hidden: a CPU rank runs its all-reduce on its own cores) is compared with a real `mpirun -n R python -m
   msdist.train` of the same shapes. The host may be shared: compute-alone and real runs alternate, back to back,
-  every figure is a median (of steps, of rounds, of all-reduces), and `uptime` is printed with every run.
+  every figure is a median within its round (of steps, of all-reduces) and the lowest of those over the rounds
+  (other jobs' load only adds), and `uptime` is printed with every sweep and run.
 """
 import argparse
 import json
@@ -199,7 +200,7 @@ def _load(text: str) -> str:
 def measure_local(data_dir: str, steps: int, reps: int, rounds: int, models, rank_counts) -> dict:
     """`rounds` rounds of: mccl's all-reduce at each rank count, then for every (model, ranks) a compute-alone run
     and the real mpirun job back to back. Load comes and goes, so each pair sees nearly the same, the sweeps and
-    the runs alternate, and each figure's median over the rounds is kept."""
+    the runs alternate; `predict_local` keeps each figure's lowest round."""
     from msdist.run import config
     sweeps = {ranks: {"seconds_rounds": [], "uptimes": []} for ranks in rank_counts}
     runs = [{"model": m, "ranks": n, "compute_rounds_s": [], "measured_rounds_s": [], "compute_fastest_s": [],
@@ -236,9 +237,9 @@ def _predict(grads, link: hardware.Link, ranks: int, compute_s: float, hides: bo
 
 def predict_local(measured: dict) -> dict:
     """The fitted loopback link and, per run, compute + every AllReduce op (none hidden) against the real job:
-    from each kind's median over the rounds, and again from each kind's fastest step."""
+    each figure the lowest of its rounds' medians (a loaded round only adds), and again from the fastest steps."""
     from msdist.run.network_cost import network_gradients
-    sweeps = {int(n): {int(b): statistics.median(r[b] for r in s["seconds_rounds"]) for b in s["seconds_rounds"][0]}
+    sweeps = {int(n): {int(b): min(r[b] for r in s["seconds_rounds"]) for b in s["seconds_rounds"][0]}
               for n, s in measured["sweeps"].items()}
     link = fit_link([(n, b, t) for n, s in sweeps.items() for b, t in s.items()])
     rows, grads = [], {}
@@ -247,7 +248,7 @@ def predict_local(measured: dict) -> dict:
         if model not in grads:
             grads[model] = network_gradients(model, LOCAL_CLASSES, LOCAL_IMAGE_SIZE, measured["allreduce_fusion"])
         g = grads[model]
-        alone, real = statistics.median(run["compute_rounds_s"]), statistics.median(run["measured_rounds_s"])
+        alone, real = min(run["compute_rounds_s"]), min(run["measured_rounds_s"])
         exposed, predicted = _predict(g, link, ranks, alone)
         _, if_hidden = _predict(g, link, ranks, alone, hides=True)
         fast_alone, fast_real = min(run["compute_fastest_s"]), min(run["measured_fastest_s"])
