@@ -1,0 +1,297 @@
+"""`msdist.launch --nnodes MIN:MAX`: the job goes on when a node is lost, and takes in nodes that ask to join.
+
+The launchers talk through msdist.cluster.peers; msdist.cluster.membership decides (pure). This module runs
+the attempts (msdist.cluster.supervisor.run_attempt) of one launcher under the views they agree on:
+
+* first formation: the launcher started with --node_rank 0 forms view 1 once MAX nodes asked, or MIN nodes
+  asked and --wait_for_nodes passed since (fewer than MIN within --stall_startup_timeout: the named failure);
+  the others wait for a view that holds them;
+* a node lost (no answer for peers.MEMBER_TIMEOUT_S, or it failed) or a node that stopped its ranks: every
+  launcher stops its ranks at once and says "reforming";
+* a node asking to join, while the view has fewer than MAX nodes: node 0 says "saving", every launcher sends
+  its ranks the preemption signal, so they save a complete checkpoint at one agreed step and exit with
+  preemption.REQUEUE_EXIT (msdist.cluster.preemption); then "reforming": nothing is lost;
+* reforming: the first member of the old view not gone (membership.leader) waits until every other member is
+  reforming or gone, decides the next view, claims it (an exclusive file in the shared --output_dir: two sides
+  of a network partition can never both go on under one generation) and publishes it; every member adopts it
+  and restarts its ranks with --resume auto (the newest complete checkpoint) at the new world size.
+
+A membership change is one console line on every launcher and one record in logs/membership.jsonl (node 0's
+launcher writes it), both once rank 0 said where it resumed. A failure that leaves the membership as it was is
+a restart (--max_restarts); a membership change is not.
+"""
+import dataclasses
+import json
+import os
+import re
+import time
+import uuid
+from typing import Dict, List, Optional
+
+from msdist.base.errors import ConfigError
+from msdist.base.files import rank_log_path
+from msdist.cluster import peers as peers_mod
+from msdist.cluster import preemption
+from msdist.cluster.failures import Failure
+from msdist.cluster.membership import (Change, NodeRange, TooFewNodes, View, decide, describe, first_order, host_of,
+                                       leader, record)
+from msdist.cluster.peers import Peers
+from msdist.cluster.supervisor import Plan, report_failure, run_attempt, say
+
+_WAIT_S = 0.2
+_RESUMED = re.compile(r"resumed from .*global step (\d+)")
+_FRESH = "resume auto: no checkpoint"
+_CLAIM_VISIBLE_S = 10.0     # a claim file written on another host may take a moment to show on NFS
+
+
+class _Ended(Exception):
+    """This launcher ends without failure (the job finished before it was admitted)."""
+
+
+class _LeftOut(Exception):
+    """A view was decided without this node (the other side of a partition went on): the named failure."""
+
+
+def supervise(plan: Plan, forwarder: preemption.Forwarder) -> int:
+    """Run this node's part of an elastic job until it ends; the exit status (msdist.cluster.supervisor.run)."""
+    os.makedirs(plan.log_dir, exist_ok=True)
+    port = plan.master_port + 1
+    me = f"{plan.master_addr if plan.node_rank == 0 else peers_mod.own_address(plan.master_addr)}:{port}"
+    peers = Peers(me, f"{plan.master_addr}:{port}", plan.nproc, plan.node_rank).start()
+    try:
+        return _Elastic(plan, peers, forwarder).run()
+    finally:
+        peers.close()
+
+
+class _Elastic:
+    def __init__(self, plan: Plan, peers: Peers, forwarder: preemption.Forwarder):
+        self.plan, self.peers, self.forwarder = plan, peers, forwarder
+        self.nodes = NodeRange(plan.nnodes, plan.max_nodes)
+        self.me = peers.me
+
+    def run(self) -> int:
+        try:
+            view = self._form() if self.plan.node_rank == 0 else self._admitted(None)
+        except TooFewNodes as e:
+            return self._end("failed", f"FAILED: {e}", 1)
+        except _Ended as e:
+            return self._end("done", str(e), 0)
+        restarts, attempt, joined, announce = 0, 0, {}, None
+        train_args = self.plan.train_args
+        while True:
+            self.peers.set("running", view)
+            watch = _Watch(self, view, announce)
+            failure = run_attempt(self._plan_for(view), train_args, attempt, joined, self.forwarder, watch.check)
+            watch.announce(watch.resumed_step())
+            attempt += 1
+            if failure is None:
+                return self._end("done", "all ranks finished", 0)
+            if failure.requeue and not watch.admitting:
+                return self._end("preempted", failure.summary(), preemption.REQUEUE_EXIT)
+            if failure.user_error or self.forwarder.requested_at is not None:
+                report_failure(failure, time.monotonic() - failure.seen_at, self.plan.log_dir)
+                why = "fix the error above first" if failure.user_error else "the job is being preempted"
+                return self._end("failed", f"not restarting: {why}", 1)
+            self.peers.set("reforming")
+            try:
+                change = self._next(view)
+            except TooFewNodes as e:
+                return self._end("failed", f"FAILED: {e}", 1)
+            except _LeftOut as e:
+                return self._end("failed", f"FAILED: {e}", 1)
+            if change.view.members == view.members and not (failure.requeue or failure.reform):
+                report_failure(failure, time.monotonic() - failure.seen_at, self.plan.log_dir)
+                restarts += 1
+                if restarts > self.plan.max_restarts:
+                    return self._end("failed", f"FAILED after {restarts - 1} restart(s): {failure.summary()}", 1)
+                say(f"restart {restarts} of {self.plan.max_restarts}: starting the ranks again with --resume auto")
+            announce = change if change.view.members != view.members else None
+            view = change.view
+            train_args = self.plan.train_args + ["--resume", "auto"]
+
+    def _plan_for(self, view: View) -> Plan:
+        return dataclasses.replace(self.plan, nnodes=len(view.members), node_rank=view.members.index(self.me),
+                                   master_addr=view.scheduler_host)
+
+    def _end(self, phase: str, line: str, code: int) -> int:
+        """Say why this launcher ends, and stay long enough for the others to hear its last word."""
+        say(line)
+        self.peers.set(phase)
+        time.sleep(3 * peers_mod.POLL_S)
+        return code
+
+    # ------------------------------------------------------------ forming
+
+    def _form(self) -> View:
+        """Node 0 at the start: wait for MIN..MAX nodes, then decide view 1 in --node_rank order."""
+        began, enough_at, limit = time.monotonic(), None, self.plan.stall.stall_startup_timeout
+        while True:
+            waiting, now = self.peers.waiting(), time.monotonic()
+            count = 1 + len(waiting)
+            if count >= self.nodes.min and enough_at is None:
+                enough_at = now
+            if count >= self.nodes.max or (enough_at is not None and now - enough_at >= self.plan.wait_for_nodes):
+                break
+            if enough_at is None and now - began > limit:
+                raise TooFewNodes(f"{count} node(s) joined within --stall_startup_timeout {limit:g} s, fewer than "
+                                  f"the minimum {self.nodes.min} (--nnodes {self.nodes.min}:{self.nodes.max})")
+            time.sleep(_WAIT_S)
+        asked = {self.me: (0, -1)}
+        asked.update({m: ((self.peers.state_of(m) or {}).get("node_rank", 0), i) for i, m in enumerate(waiting)})
+        change = decide(View(uuid.uuid4().hex, 0, ()), set(), first_order(asked), self.nodes)
+        self._claim(change.view)
+        self.peers.set("running", change.view)
+        say(f"membership 1: {len(change.view.members)} node(s) ({', '.join(map(host_of, change.view.members))}), "
+            f"world size {len(change.view.members) * self.plan.nproc}; node 0 (scheduler) "
+            f"{change.view.scheduler_host}")
+        return change.view
+
+    def _admitted(self, job: Optional[str]) -> View:
+        """A node that is not in the job yet: ask until a view holds it (or the job ended)."""
+        began, told = time.monotonic(), False
+        while True:
+            view = self.peers.newest_view(job)
+            if view is not None and self.me in view.members:
+                self._check_claim(view)
+                return view
+            states = [self.peers.state_of(m) for m in (view.members if view else [self.peers.contact])]
+            if view is not None and any(s and s.get("phase") in peers_mod.ENDED for s in states):
+                raise _Ended("the job ended before this node was admitted")
+            if view is not None:
+                nproc = next((s["nproc"] for s in states if s), self.plan.nproc)
+                if nproc != self.plan.nproc:
+                    raise ConfigError(f"the job runs -n {nproc} ranks per node, this launcher -n "
+                                      f"{self.plan.nproc}: every node of an elastic job needs the same -n")
+                if not told:
+                    say(f"the job runs on {len(view.members)} node(s) (node 0: {view.scheduler_host}); waiting "
+                        "to be admitted at its next checkpoint boundary")
+                    told = True
+            elif time.monotonic() - began > self.plan.stall.stall_startup_timeout:
+                raise ConfigError(f"no launcher answered at {self.peers.contact} (--master_addr, --master_port + 1) "
+                                  f"within --stall_startup_timeout {self.plan.stall.stall_startup_timeout:g} s")
+            time.sleep(_WAIT_S)
+
+    # ------------------------------------------------------------ re-forming
+
+    def _next(self, view: View) -> Change:
+        """After this node stopped its ranks: the next view, decided here (the leader) or adopted."""
+        while True:
+            gone = self.peers.gone(view)
+            for m in view.members:
+                state = self.peers.state_of(m) or {}
+                if m != self.me and state.get("phase") in peers_mod.ENDED + ("waiting",):
+                    gone.setdefault(m, "its launcher restarted" if state["phase"] == "waiting" else state["phase"])
+            newer = self.peers.newest_view(view.job)
+            if newer is not None and newer.generation > view.generation:
+                if self.me not in newer.members:
+                    raise _LeftOut(f"the job went on as membership {newer.generation} without this node (a network "
+                                   "partition, or it was too slow to answer)")
+                self._check_claim(newer)
+                return Change(newer, tuple(m for m in view.members if m not in newer.members),
+                              tuple(m for m in newer.members if m not in view.members), gone)
+            if leader(view, set(gone)) == self.me and self._all_stopped(view, gone):
+                change = decide(view, set(gone), self.peers.waiting(), self.nodes)
+                change = Change(change.view, change.left, change.joined, gone)
+                if self._claim(change.view):
+                    self.peers.set("reforming", change.view)
+                    return change
+            time.sleep(_WAIT_S)
+
+    def _all_stopped(self, view: View, gone: Dict[str, str]) -> bool:
+        for m in view.members:
+            state = self.peers.state_of(m) or {}
+            stopped = state.get("phase") == "reforming" and (state.get("view") or {}).get("generation") == \
+                view.generation
+            if m != self.me and m not in gone and not stopped:
+                return False
+        return True
+
+    def _claim_path(self, view: View) -> str:
+        return os.path.join(self.plan.log_dir, "membership", f"{view.job}-{view.generation}.json")
+
+    def _claim(self, view: View) -> bool:
+        """Claim generation `view.generation` for `view`, once for the job: False if another node claimed it."""
+        path = self._claim_path(view)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(view.as_dict(), f)
+        return True
+
+    def _check_claim(self, view: View) -> None:
+        """The view's claim must be in this node's --output_dir too: elastic restarts need one shared directory."""
+        deadline = time.monotonic() + _CLAIM_VISIBLE_S
+        while not os.path.exists(self._claim_path(view)):
+            if time.monotonic() > deadline:
+                raise ConfigError(f"--output_dir {self.plan.output_dir} is not the one node 0 "
+                                  f"({view.scheduler_host}) writes to: an elastic job needs storage every node sees")
+            time.sleep(_WAIT_S)
+
+
+class _Watch:
+    """One attempt's watch on the other nodes (supervisor.run_attempt calls `check` at each poll)."""
+
+    def __init__(self, elastic: _Elastic, view: View, announce: Optional[Change]):
+        self.elastic, self.peers, self.view, self.pending = elastic, elastic.peers, view, announce
+        self.admitting = False
+        self._save = preemption.Forwarder(elastic.plan.preempt_signal, None)
+        self._rank0_log = rank_log_path(elastic.plan.log_dir, 0)
+        self._offset = os.path.getsize(self._rank0_log) if os.path.exists(self._rank0_log) else 0
+
+    def check(self, workers: List) -> Optional[Failure]:
+        step = self.resumed_step() if self.pending is not None else None
+        if step is not None:
+            self.announce(step)
+        for m, why in self.peers.gone(self.view).items():
+            return Failure(None, f"node {host_of(m)} {why}", reform=True)
+        for m in self.view.members:
+            state = self.peers.state_of(m) or {}
+            same = (state.get("view") or {}).get("generation") == self.view.generation
+            if m != self.peers.me and same and state.get("phase") == "reforming":
+                return Failure(None, f"node {host_of(m)} stopped its ranks", reform=True)
+        if not self.admitting and self._admit():
+            self.admitting = True
+            self.peers.set("saving")
+            say("a node asks to join: every rank saves a checkpoint at the next step all ranks reach, then the "
+                "job re-forms with it")
+            self._save.request()
+        if self.admitting:
+            self._save.forward([w.proc.pid for w in workers])
+        return None
+
+    def _admit(self) -> bool:
+        """Node 0 with room and a node waiting, or another member already saving for an admission."""
+        if self.view.members[0] == self.peers.me and len(self.view.members) < self.elastic.nodes.max and \
+                self.peers.waiting():
+            return True
+        states = [self.peers.state_of(m) or {} for m in self.view.members]
+        return any(s.get("phase") == "saving" and (s.get("view") or {}).get("generation") == self.view.generation
+                   for s in states)
+
+    def resumed_step(self) -> Optional[int]:
+        try:
+            with open(self._rank0_log, encoding="utf-8", errors="replace") as f:
+                f.seek(self._offset)
+                text = f.read()
+        except OSError:
+            return None
+        found = _RESUMED.findall(text)
+        return int(found[-1]) if found else (0 if _FRESH in text else None)
+
+    def announce(self, resumed_step: Optional[int]) -> None:
+        """The pending membership change's one line, and node 0's record (rank 0 resumed, or the attempt ended)."""
+        if self.pending is None:
+            return
+        change, self.pending = self.pending, None
+        previous = View(change.view.job, change.view.generation - 1,
+                        tuple(m for m in change.view.members if m not in change.joined) + change.left)
+        line = describe(change, previous, self.elastic.plan.nproc, resumed_step)
+        say(line)
+        if change.view.members[0] == self.peers.me:
+            with open(os.path.join(self.elastic.plan.log_dir, "membership.jsonl"), "a", encoding="utf-8") as f:
+                f.write(json.dumps(record(change, previous, self.elastic.plan.nproc, resumed_step, line,
+                                          time.time())) + "\n")
