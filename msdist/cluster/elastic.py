@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import time
 import uuid
 from typing import Dict, List, Optional
@@ -69,6 +70,8 @@ class _Elastic:
         self.plan, self.peers, self.forwarder = plan, peers, forwarder
         self.nodes = NodeRange(plan.nnodes, plan.max_nodes)
         self.me = peers.me
+        self.seen_gone: Dict[str, str] = {}   # the members the last attempt's watch found gone -> why, then
+        self.seen_before: Optional[View] = None   # a newcomer: the job's view before it was admitted
 
     def run(self) -> int:
         try:
@@ -77,8 +80,9 @@ class _Elastic:
             return self._end("failed", f"FAILED: {e}", 1)
         except _Ended as e:
             return self._end("done", str(e), 0)
-        restarts, attempt, joined, announce = 0, 0, {}, None
-        train_args = self.plan.train_args
+        restarts, attempt, joined, announce = 0, 0, {}, _changed(self.seen_before, view) if self.seen_before else None
+        # A node admitted into a job that ran already continues it, as every restart does.
+        train_args = self.plan.train_args + (["--resume", "auto"] if view.generation > 1 else [])
         while True:
             self.peers.set("running", view)
             watch = _Watch(self, view, announce)
@@ -94,6 +98,7 @@ class _Elastic:
                 why = "fix the error above first" if failure.user_error else "the job is being preempted"
                 return self._end("failed", f"not restarting: {why}", 1)
             self.peers.set("reforming")
+            self.seen_gone = watch.seen_gone
             try:
                 change = self._next(view)
             except TooFewNodes as e:
@@ -155,6 +160,7 @@ class _Elastic:
             if view is not None and self.me in view.members:
                 self._check_claim(view)
                 return view
+            self.seen_before = view
             states = [self.peers.state_of(m) for m in (view.members if view else [self.peers.contact])]
             if view is not None and any(s and s.get("phase") in peers_mod.ENDED for s in states):
                 raise _Ended("the job ended before this node was admitted")
@@ -178,6 +184,7 @@ class _Elastic:
         """After this node stopped its ranks: the next view, decided here (the leader) or adopted."""
         while True:
             gone = self.peers.gone(view)
+            gone.update({m: why for m, why in self.seen_gone.items() if m in gone})  # as first seen
             for m in view.members:
                 state = self.peers.state_of(m) or {}
                 if m != self.me and state.get("phase") in peers_mod.ENDED + ("waiting",):
@@ -188,8 +195,7 @@ class _Elastic:
                     raise _LeftOut(f"the job went on as membership {newer.generation} without this node (a network "
                                    "partition, or it was too slow to answer)")
                 self._check_claim(newer)
-                return Change(newer, tuple(m for m in view.members if m not in newer.members),
-                              tuple(m for m in newer.members if m not in view.members), gone)
+                return _changed(view, newer, gone)
             if leader(view, set(gone)) == self.me and self._all_stopped(view, gone):
                 change = decide(view, set(gone), self.peers.waiting(), self.nodes)
                 change = Change(change.view, change.left, change.joined, gone)
@@ -232,12 +238,29 @@ class _Elastic:
             time.sleep(_WAIT_S)
 
 
+def _changed(before: View, after: View, why: Optional[Dict[str, str]] = None) -> Change:
+    """A view decided elsewhere, as a change from `before`."""
+    return Change(after, tuple(m for m in before.members if m not in after.members),
+                  tuple(m for m in after.members if m not in before.members), why or {})
+
+
+def _kill(workers: List) -> None:
+    """SIGKILL every local rank's process group at once: their collectives wait for ranks that are gone, so
+    the preemption save that SIGTERM would ask for cannot happen, and the 4 s grace would only delay the job."""
+    for w in workers:
+        try:
+            os.killpg(w.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 class _Watch:
     """One attempt's watch on the other nodes (supervisor.run_attempt calls `check` at each poll)."""
 
     def __init__(self, elastic: _Elastic, view: View, announce: Optional[Change]):
         self.elastic, self.peers, self.view, self.pending = elastic, elastic.peers, view, announce
         self.admitting = False
+        self.seen_gone: Dict[str, str] = {}
         self._save = preemption.Forwarder(elastic.plan.preempt_signal, None)
         self._rank0_log = rank_log_path(elastic.plan.log_dir, 0)
         self._offset = os.path.getsize(self._rank0_log) if os.path.exists(self._rank0_log) else 0
@@ -246,12 +269,15 @@ class _Watch:
         step = self.resumed_step() if self.pending is not None else None
         if step is not None:
             self.announce(step)
-        for m, why in self.peers.gone(self.view).items():
+        self.seen_gone = self.peers.gone(self.view)
+        for m, why in self.seen_gone.items():
+            _kill(workers)
             return Failure(None, f"node {host_of(m)} {why}", reform=True)
         for m in self.view.members:
             state = self.peers.state_of(m) or {}
             same = (state.get("view") or {}).get("generation") == self.view.generation
             if m != self.peers.me and same and state.get("phase") == "reforming":
+                _kill(workers)
                 return Failure(None, f"node {host_of(m)} stopped its ranks", reform=True)
         if not self.admitting and self._admit():
             self.admitting = True

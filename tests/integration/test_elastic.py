@@ -196,3 +196,17 @@ def test_late_node_joins_at_a_checkpoint_boundary(runs, hosts):
     assert glob.glob(os.path.join(jobs[0].output_dir, "ckpt", f"resnet_tiny_rank0-*_{step % 12 or 12}.ckpt"))
     assert _result(jobs[0])["world_size"] == 2
     assert jobs[0].leftovers() == [] and jobs[1].leftovers() == []
+
+
+@pytest.mark.multiprocess
+def test_fewer_than_min_nodes_is_a_named_failure_not_a_hang(tmp_path):
+    """Node 0 of `--nnodes 2:4` alone: one line naming the shortfall, exit 1, within the start-up limit."""
+    from msdist.cluster.rendezvous import free_port
+    job = Job(tmp_path, "too_few", ["-n", "1", "--nnodes", "2:4", "--master_addr", "127.0.0.1", "--master_port",
+                                    str(free_port())], ARGS + ["--stall_startup_timeout", "3"])
+    assert job.wait(limit_s=60) == 1, job.stderr()
+    lines = [line for line in job.stderr().splitlines() if line.startswith("msdist.launch:")]
+    assert lines == ["msdist.launch: FAILED: 1 node(s) joined within --stall_startup_timeout 3 s, fewer than the "
+                     "minimum 2 (--nnodes 2:4)"], job.stderr()
+    assert not os.path.exists(os.path.join(job.output_dir, "logs", "rank_0.heartbeat"))   # no rank started
+    assert job.leftovers() == []
