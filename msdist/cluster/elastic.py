@@ -42,6 +42,7 @@ from msdist.cluster.supervisor import Plan, report_failure, run_attempt, say
 _WAIT_S = 0.2
 _RESUMED = re.compile(r"resumed from .*global step (\d+)")
 _FRESH = "resume auto: no checkpoint"
+_STOP_LIMIT_S = 2 * peers_mod.MEMBER_TIMEOUT_S   # a member that answers but has not stopped its ranks by then is gone
 _CLAIM_VISIBLE_S = 10.0     # a claim file written on another host may take a moment to show on NFS
 
 
@@ -182,9 +183,13 @@ class _Elastic:
 
     def _next(self, view: View) -> Change:
         """After this node stopped its ranks: the next view, decided here (the leader) or adopted."""
+        began = time.monotonic()
         while True:
             gone = self.peers.gone(view)
             gone.update({m: why for m, why in self.seen_gone.items() if m in gone})  # as first seen
+            if time.monotonic() - began > _STOP_LIMIT_S:  # answers, but its ranks never stop: not a hang either
+                gone.update({m: f"did not stop its ranks within {_STOP_LIMIT_S:.0f} s" for m in view.members
+                             if m != self.me and not self._stopped(m, view)})
             for m in view.members:
                 state = self.peers.state_of(m) or {}
                 if m != self.me and state.get("phase") in peers_mod.ENDED + ("waiting",):
@@ -204,14 +209,12 @@ class _Elastic:
                     return change
             time.sleep(_WAIT_S)
 
+    def _stopped(self, member: str, view: View) -> bool:
+        state = self.peers.state_of(member) or {}
+        return state.get("phase") == "reforming" and (state.get("view") or {}).get("generation") == view.generation
+
     def _all_stopped(self, view: View, gone: Dict[str, str]) -> bool:
-        for m in view.members:
-            state = self.peers.state_of(m) or {}
-            stopped = state.get("phase") == "reforming" and (state.get("view") or {}).get("generation") == \
-                view.generation
-            if m != self.me and m not in gone and not stopped:
-                return False
-        return True
+        return all(m == self.me or m in gone or self._stopped(m, view) for m in view.members)
 
     def _claim_path(self, view: View) -> str:
         return os.path.join(self.plan.log_dir, "membership", f"{view.job}-{view.generation}.json")

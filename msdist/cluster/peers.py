@@ -31,9 +31,12 @@ ENDED = ("done", "preempted")
 
 def own_address(contact_ip: str) -> str:
     """This host's IP as the node at `contact_ip` sees it: the source address of a route to it (no packet sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((contact_ip, 9))
-        return s.getsockname()[0]
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((contact_ip, 9))
+            return s.getsockname()[0]
+    except OSError as e:
+        raise ConfigError(f"--master_addr {contact_ip} cannot be reached from this host ({e})") from None
 
 
 def _exchange(address: str, state: dict) -> Optional[dict]:
