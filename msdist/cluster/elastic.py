@@ -195,7 +195,9 @@ class _Elastic:
                 if m != self.me and state.get("phase") in peers_mod.ENDED + ("waiting",):
                     gone.setdefault(m, "its launcher restarted" if state["phase"] == "waiting" else state["phase"])
             newer = self.peers.newest_view(view.job)
-            if newer is not None and newer.generation > view.generation:
+            if newer is None or newer.generation <= view.generation:
+                newer = self._claimed(view)   # decided by a node this one cannot hear (a partition)
+            if newer is not None:
                 if self.me not in newer.members:
                     raise _LeftOut(f"the job went on as membership {newer.generation} without this node (a network "
                                    "partition, or it was too slow to answer)")
@@ -204,7 +206,7 @@ class _Elastic:
             if leader(view, set(gone)) == self.me and self._all_stopped(view, gone):
                 change = decide(view, set(gone), self.peers.waiting(), self.nodes)
                 change = Change(change.view, change.left, change.joined, gone)
-                if self._claim(change.view):
+                if self._claim(change.view):   # else claimed by another node first: follow it, or leave
                     self.peers.set("reforming", change.view)
                     return change
             time.sleep(_WAIT_S)
@@ -218,6 +220,14 @@ class _Elastic:
 
     def _claim_path(self, view: View) -> str:
         return os.path.join(self.plan.log_dir, "membership", f"{view.job}-{view.generation}.json")
+
+    def _claimed(self, view: View) -> Optional[View]:
+        """The view claimed for the generation after `view`'s, if any node claimed it."""
+        try:
+            with open(self._claim_path(View(view.job, view.generation + 1, ())), encoding="utf-8") as f:
+                return View.from_dict(json.load(f))
+        except (OSError, ValueError, KeyError):
+            return None   # none, or still being written
 
     def _claim(self, view: View) -> bool:
         """Claim generation `view.generation` for `view`, once for the job: False if another node claimed it."""

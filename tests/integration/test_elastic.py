@@ -4,13 +4,15 @@ The hosts are test_two_hosts.py's (two namespaces joined by a veth pair; names c
 afterwards even when a test fails). Every run starts at once in one module fixture, the uninterrupted
 reference among them, so the file costs about one run's wall time. A lost node is its launcher and every
 process it started killed with SIGKILL, at the first step of epoch 2 (12 steps per epoch): the survivor
-re-forms alone and resumes from the epoch-1 checkpoint (global step 12) with world size 1.
+re-forms alone and resumes from the epoch-1 checkpoint (global step 12) with world size 1. A node whose
+network is gone is its host's link taken down, on a pair of hosts of its own.
 """
 import glob
 import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -36,14 +38,27 @@ AGREE_BOUND_S = MEMBER_TIMEOUT_S + 10   # kill -> the next view claimed (docs/la
 RUN_LIMIT_S = 420
 
 
-@pytest.fixture(scope="module")
-def hosts():
+def _host_pair(prefix):
     try:
-        namespaces = _create_namespaces(f"elastic{os.getpid() % 100000}")
+        namespaces = _create_namespaces(prefix)
     except OSError as e:
         pytest.skip(f"cannot create network namespaces: {e}")
     yield namespaces
     _delete_namespaces([ns for ns, _ in namespaces])
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    yield from _host_pair(f"elastic{os.getpid() % 100000}")
+
+
+CUT_PREFIX = f"elasticn{os.getpid() % 100000}"
+
+
+@pytest.fixture(scope="module")
+def cut_hosts():
+    """A pair of its own for the run whose network is cut (the link between the others stays up)."""
+    yield from _host_pair(CUT_PREFIX)
 
 
 def _node(tmp, name, hosts, node, port, args=ARGS, wait_for_nodes=30):
@@ -74,6 +89,20 @@ def _lose_node(jobs, node) -> dict:
     return record
 
 
+def _cut_network(jobs, hosts, node) -> dict:
+    """From a thread: once rank `node` reports KILL_AT_STEP, take its host's network link down (all else runs)."""
+    record = {}
+
+    def watch():
+        jobs[node].wait_for_beat(node, at_least_step=KILL_AT_STEP)
+        subprocess.run(["ip", "-n", hosts[node][0], "link", "set", f"{CUT_PREFIX}v{'ab'[node]}", "down"], check=True)
+        record["at"] = time.time()
+
+    record["thread"] = threading.Thread(target=watch, daemon=True)
+    record["thread"].start()
+    return record
+
+
 def _start_late(tmp, hosts, jobs, port) -> threading.Thread:
     """From a thread: start node 1 once node 0's rank trains (global step >= 1)."""
     def start():
@@ -86,16 +115,18 @@ def _start_late(tmp, hosts, jobs, port) -> threading.Thread:
 
 
 @pytest.fixture(scope="module")
-def runs(hosts, tmp_path_factory):
+def runs(hosts, cut_hosts, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("elastic")
     port = 21000 + os.getpid() % 500 * 10     # inside fresh namespaces: each run its own port and port + 1
     started = {name: {node: _node(tmp, name, hosts, node, port + 2 * i) for node in (1, 0)}
                for i, name in enumerate(("reference", "lose1", "lose0"))}
+    started["cut"] = {node: _node(tmp, "cut", cut_hosts, node, port) for node in (1, 0)}
     started["late"] = {0: _node(tmp, "late", hosts, 0, port + 6, LATE_ARGS, wait_for_nodes=0)}
-    started["kills"] = {"lose1": _lose_node(started["lose1"], 1), "lose0": _lose_node(started["lose0"], 0)}
+    started["kills"] = {"lose1": _lose_node(started["lose1"], 1), "lose0": _lose_node(started["lose0"], 0),
+                        "cut": _cut_network(started["cut"], cut_hosts, 1)}
     started["late_start"] = _start_late(tmp, hosts, started["late"], port + 6)
     yield started
-    for name in ("reference", "lose1", "lose0", "late"):
+    for name in ("reference", "lose1", "lose0", "cut", "late"):
         for job in started[name].values():
             if job.proc.poll() is None:
                 job.proc.kill()
@@ -171,6 +202,28 @@ def test_lost_node_1_the_other_finishes_alone_like_the_uninterrupted_run(runs, h
 @pytest.mark.multiprocess
 def test_lost_node_0_the_survivor_hosts_the_scheduler_and_finishes_alike(runs, hosts):
     _assert_lost_node(runs, "lose0", 0, hosts)
+
+
+@pytest.mark.multiprocess
+def test_network_gone_one_side_goes_on_the_other_ends_with_a_named_line(runs, cut_hosts):
+    """Node 1's link down: each side finds the other lost, both try to go on alone, and the claim in the shared
+    log dir lets exactly one of them: it finishes alone; the other names why it stopped, instead of a second
+    job writing the same checkpoints."""
+    jobs, cut = runs["cut"], runs["kills"]["cut"]
+    cut["thread"].join(timeout=RUN_LIMIT_S)
+    assert "at" in cut, f"the network was never cut:\n{jobs[1].stderr()}"
+    codes = {node: jobs[node].wait(limit_s=RUN_LIMIT_S) for node in (0, 1)}
+    assert sorted(codes.values()) == [0, 1], (jobs[0].stderr(), jobs[1].stderr())
+    winner = 0 if codes[0] == 0 else 1
+    assert re.fullmatch(rf"msdist\.launch: membership 2: node {re.escape(cut_hosts[1 - winner][1])} left \(lost: no "
+                        rf"answer for \d+ s\); 1 node\(s\), world size 2 -> 1; node 0 \(scheduler\) "
+                        rf"{re.escape(cut_hosts[winner][1])}; resumed from global step {EPOCH1_STEP}",
+                        _changes(jobs[winner])[0]), jobs[winner].stderr()
+    assert "msdist.launch: FAILED: the job went on as membership 2 without this node" in jobs[1 - winner].stderr()
+    assert _result(jobs[winner])["world_size"] == 1
+    print(f"network cut: node {winner} went on; membership 2 agreed {_agreed_at(jobs[0], 2) - cut['at']:.1f} s "
+          "after the cut")
+    assert jobs[0].leftovers() == [] and jobs[1].leftovers() == []
 
 
 @pytest.mark.multiprocess
