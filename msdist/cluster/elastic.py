@@ -102,9 +102,7 @@ class _Elastic:
             self.seen_gone = watch.seen_gone
             try:
                 change = self._next(view)
-            except TooFewNodes as e:
-                return self._end("failed", f"FAILED: {e}", 1)
-            except _LeftOut as e:
+            except (TooFewNodes, _LeftOut) as e:
                 return self._end("failed", f"FAILED: {e}", 1)
             if change.view.members == view.members and not (failure.requeue or failure.reform):
                 report_failure(failure, time.monotonic() - failure.seen_at, self.plan.log_dir)
