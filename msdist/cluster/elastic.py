@@ -188,10 +188,10 @@ class _Elastic:
             if time.monotonic() - began > _STOP_LIMIT_S:  # answers, but its ranks never stop: not a hang either
                 gone.update({m: f"did not stop its ranks within {_STOP_LIMIT_S:.0f} s" for m in view.members
                              if m != self.me and not self._stopped(m, view)})
-            for m in view.members:
+            for m in view.members:   # ended (its ranks finished, or saved on a preemption): not coming back
                 state = self.peers.state_of(m) or {}
-                if m != self.me and state.get("phase") in peers_mod.ENDED + ("waiting",):
-                    gone.setdefault(m, "its launcher restarted" if state["phase"] == "waiting" else state["phase"])
+                if m != self.me and state.get("phase") in peers_mod.ENDED:
+                    gone.setdefault(m, state["phase"])
             newer = self.peers.newest_view(view.job)
             if newer is None or newer.generation <= view.generation:
                 newer = self._claimed(view)   # decided by a node this one cannot hear (a partition)

@@ -9,7 +9,8 @@ so both learn each other's state and address from one exchange. A state is
 
 A node that has not answered for `MEMBER_TIMEOUT_S` is lost (its launcher killed, its host or its network
 gone), except one whose last word was "done" or "preempted": its ranks ended as ours will. A node whose
-last word was "failed" is gone at once. Non-members that ask are the waiting nodes, in the order they
+last word was "failed" is gone at once; one still "waiting" `MEMBER_TIMEOUT_S` after the view that holds it
+was adopted here is a new launcher on that node (the old one and its ranks are gone). Non-members that ask are the waiting nodes, in the order they
 first asked. Who decides what from these facts is msdist.cluster.membership (pure) and
 msdist.cluster.elastic (the restarts). MindSpore-free.
 """
@@ -161,6 +162,9 @@ class Peers:
             silent = now - max(at, self._since)
             if state.get("phase") == "failed":
                 gone[m] = "its launcher failed"
+            elif state.get("phase") == "waiting" and now - self._since > MEMBER_TIMEOUT_S:
+                # Still asking to join long after the view that holds it was decided: a new launcher there.
+                gone[m] = "its launcher restarted"
             elif silent > MEMBER_TIMEOUT_S and state.get("phase") not in ENDED:
                 gone[m] = f"lost: no answer for {silent:.0f} s"
         return gone

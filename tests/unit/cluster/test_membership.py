@@ -115,7 +115,8 @@ def test_peers_exchange_states_see_a_newcomer_wait_and_a_closed_one_lost(monkeyp
         member.set("running", grown)
         _until(lambda: newcomer.newest_view("job") == grown)
         newcomer.set("running", grown)
-        _until(lambda: member.waiting() == [])
+        _until(lambda: member.state_of(newcomer.me)["phase"] == "running")
+        assert member.waiting() == []
         assert member.gone(grown) == {}
         running.pop().close()
         _until(lambda: newcomer.me in member.gone(grown))
@@ -123,3 +124,19 @@ def test_peers_exchange_states_see_a_newcomer_wait_and_a_closed_one_lost(monkeyp
     finally:
         for peers in running:
             peers.close()
+
+
+def test_a_member_asking_to_join_again_is_a_restarted_launcher(monkeypatch):
+    """A member whose new launcher asks to join (its ranks are gone with the old one) is gone, then waiting."""
+    monkeypatch.setattr(peers_mod, "MEMBER_TIMEOUT_S", 1.0)
+    port = free_port()
+    member = Peers(f"127.0.0.1:{port}", f"127.0.0.1:{port}", nproc=1, node_rank=0).start()
+    again = Peers(f"127.0.0.2:{port}", f"127.0.0.1:{port}", nproc=1, node_rank=1).start()
+    try:
+        view = View("job", 2, (member.me, again.me))
+        member.set("running", view)
+        _until(lambda: member.gone(view) == {again.me: "its launcher restarted"})
+        assert member.waiting() == []   # in the view still; once the next view leaves it out, it is admitted again
+    finally:
+        member.close()
+        again.close()
