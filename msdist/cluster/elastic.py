@@ -157,6 +157,7 @@ class _Elastic:
         while True:
             view = self.peers.newest_view(job)
             if view is not None and self.me in view.members:
+                self.peers.set("running", view)   # no longer "waiting": that would be a restarted launcher
                 self._check_claim(view)
                 return view
             self.seen_before = view
