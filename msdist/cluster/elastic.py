@@ -188,7 +188,7 @@ class _Elastic:
             gone.update({m: why for m, why in self.seen_gone.items() if m in gone})  # as first seen
             if time.monotonic() - began > _STOP_LIMIT_S:  # answers, but its ranks never stop: not a hang either
                 gone.update({m: f"did not stop its ranks within {_STOP_LIMIT_S:.0f} s" for m in view.members
-                             if m != self.me and not self._stopped(m, view)})
+                             if m != self.me and not self.peers.in_phase(m, "reforming", view.generation)})
             for m in view.members:   # ended (its ranks finished, or saved on a preemption): not coming back
                 state = self.peers.state_of(m) or {}
                 if m != self.me and state.get("phase") in peers_mod.ENDED:
@@ -210,12 +210,9 @@ class _Elastic:
                     return change
             time.sleep(_WAIT_S)
 
-    def _stopped(self, member: str, view: View) -> bool:
-        state = self.peers.state_of(member) or {}
-        return state.get("phase") == "reforming" and (state.get("view") or {}).get("generation") == view.generation
-
     def _all_stopped(self, view: View, gone: Dict[str, str]) -> bool:
-        return all(m == self.me or m in gone or self._stopped(m, view) for m in view.members)
+        return all(m == self.me or m in gone or self.peers.in_phase(m, "reforming", view.generation)
+                   for m in view.members)
 
     def _claim_path(self, view: View) -> str:
         return os.path.join(self.plan.log_dir, "membership", f"{view.job}-{view.generation}.json")
@@ -278,19 +275,14 @@ class _Watch:
         self._offset = os.path.getsize(self._rank0_log) if os.path.exists(self._rank0_log) else 0
 
     def check(self, workers: List) -> Optional[Failure]:
-        step = self.resumed_step() if self.pending is not None else None
-        if step is not None:
-            self.announce(step)
-        self.seen_gone = self.peers.gone(self.view)
-        for m, why in self.seen_gone.items():
+        if self.pending is not None:
+            step = self.resumed_step()
+            if step is not None:
+                self.announce(step)
+        why = self._reason_to_reform()
+        if why:
             _kill(workers)
-            return Failure(None, f"node {host_of(m)} {why}", reform=True)
-        for m in self.view.members:
-            state = self.peers.state_of(m) or {}
-            same = (state.get("view") or {}).get("generation") == self.view.generation
-            if m != self.peers.me and same and state.get("phase") == "reforming":
-                _kill(workers)
-                return Failure(None, f"node {host_of(m)} stopped its ranks", reform=True)
+            return Failure(None, why, reform=True)
         if not self.admitting and self._admit():
             self.admitting = True
             self.peers.set("saving")
@@ -301,14 +293,21 @@ class _Watch:
             self._save.forward([w.proc.pid for w in workers])
         return None
 
+    def _reason_to_reform(self) -> str:
+        """Why this attempt must end now ("" = it goes on): a member gone, or one that stopped its ranks."""
+        self.seen_gone = self.peers.gone(self.view)
+        if self.seen_gone:
+            member, why = next(iter(self.seen_gone.items()))
+            return f"node {host_of(member)} {why}"
+        stopped = [m for m in self.view.members if self.peers.in_phase(m, "reforming", self.view.generation)]
+        return f"node {host_of(stopped[0])} stopped its ranks" if stopped else ""
+
     def _admit(self) -> bool:
         """Node 0 with room and a node waiting, or another member already saving for an admission."""
         if self.view.members[0] == self.peers.me and len(self.view.members) < self.elastic.nodes.max and \
                 self.peers.waiting():
             return True
-        states = [self.peers.state_of(m) or {} for m in self.view.members]
-        return any(s.get("phase") == "saving" and (s.get("view") or {}).get("generation") == self.view.generation
-                   for s in states)
+        return any(self.peers.in_phase(m, "saving", self.view.generation) for m in self.view.members)
 
     def resumed_step(self) -> Optional[int]:
         try:

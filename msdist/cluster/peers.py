@@ -10,9 +10,9 @@ so both learn each other's state and address from one exchange. A state is
 A node that has not answered for `MEMBER_TIMEOUT_S` is lost (its launcher killed, its host or its network
 gone), except one whose last word was "done" or "preempted": its ranks ended as ours will. A node whose
 last word was "failed" is gone at once; one still "waiting" `MEMBER_TIMEOUT_S` after the view that holds it
-was adopted here is a new launcher on that node (the old one and its ranks are gone). Non-members that ask are the waiting nodes, in the order they
-first asked. Who decides what from these facts is msdist.cluster.membership (pure) and
-msdist.cluster.elastic (the restarts). MindSpore-free.
+was adopted here is a new launcher on that node (the old one and its ranks are gone). Non-members that
+ask are the waiting nodes, in the order they first asked. Who decides what from these facts is
+msdist.cluster.membership (pure) and msdist.cluster.elastic (the restarts). MindSpore-free.
 """
 import json
 import socket
@@ -151,6 +151,11 @@ class Peers:
     def state_of(self, node: str) -> Optional[dict]:
         heard = self._heard.get(node)
         return heard[1] if heard else None
+
+    def in_phase(self, node: str, phase: str, generation: int) -> bool:
+        """Whether `node` last said it is in `phase` under the view of `generation`."""
+        state = self.state_of(node) or {}
+        return state.get("phase") == phase and (state.get("view") or {}).get("generation") == generation
 
     def gone(self, view: View) -> Dict[str, str]:
         """Members of `view` that are lost or failed -> why."""
