@@ -51,6 +51,11 @@ def _exchange(address: str, state: dict) -> Optional[dict]:
         return None
 
 
+class _Server(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True   # a launcher started again right away binds at once
+    daemon_threads = True
+
+
 class Peers:
     """This launcher's membership service and its view of the others.
 
@@ -79,16 +84,16 @@ class Peers:
                     asker = json.loads(self.rfile.readline())
                 except ValueError:
                     return
-                self.wfile.write(json.dumps(peers._heard_from(asker)).encode() + b"\n")
+                if not isinstance(asker, dict) or not isinstance(asker.get("id"), str):
+                    return   # not one of ours (a port scan): no answer
+                self.wfile.write(json.dumps(peers.answer(asker)).encode() + b"\n")
 
         host, port = me.rsplit(":", 1)
-        socketserver.ThreadingTCPServer.allow_reuse_address = True
         try:
-            self._server = socketserver.ThreadingTCPServer((host, int(port)), _Handler)
+            self._server = _Server((host, int(port)), _Handler)
         except OSError as e:
             raise ConfigError(f"the membership port {me} (--master_port + 1) cannot be opened: {e}; choose "
                               "another --master_port") from None
-        self._server.daemon_threads = True
 
     def start(self) -> "Peers":
         threading.Thread(target=self._server.serve_forever, name="msdist-peers", daemon=True).start()
@@ -120,7 +125,8 @@ class Peers:
 
     # ------------------------------------------------------------ what the others said
 
-    def _heard_from(self, state: dict) -> dict:
+    def answer(self, state: dict) -> dict:
+        """A node asked with its `state`: remember it, and answer with this node's."""
         with self._lock:
             self._heard[state["id"]] = (time.monotonic(), state)
             view = self._state["view"]
