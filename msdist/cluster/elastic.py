@@ -90,14 +90,9 @@ class _Elastic:
             failure = run_attempt(self._plan_for(view), train_args, attempt, joined, self.forwarder, watch.check)
             watch.announce(watch.resumed_step())
             attempt += 1
-            if failure is None:
-                return self._end("done", "all ranks finished", 0)
-            if failure.requeue and not watch.admitting:
-                return self._end("preempted", failure.summary(), preemption.REQUEUE_EXIT)
-            if failure.user_error or self.forwarder.requested_at is not None:
-                report_failure(failure, time.monotonic() - failure.seen_at, self.plan.log_dir)
-                why = "fix the error above first" if failure.user_error else "the job is being preempted"
-                return self._end("failed", f"not restarting: {why}", 1)
+            status = self._ended(failure, watch.admitting)
+            if status is not None:
+                return status
             self.peers.set("reforming")
             self.seen_gone = watch.seen_gone
             try:
@@ -108,11 +103,24 @@ class _Elastic:
                 report_failure(failure, time.monotonic() - failure.seen_at, self.plan.log_dir)
                 restarts += 1
                 if restarts > self.plan.max_restarts:
-                    return self._end("failed", f"FAILED after {restarts - 1} restart(s): {failure.summary()}", 1)
+                    spent = f" after {self.plan.max_restarts} restart(s)" if self.plan.max_restarts else ""
+                    return self._end("failed", f"FAILED{spent}: {failure.summary()}", 1)
                 say(f"restart {restarts} of {self.plan.max_restarts}: starting the ranks again with --resume auto")
             announce = change if change.view.members != view.members else None
             view = change.view
             train_args = self.plan.train_args + ["--resume", "auto"]
+
+    def _ended(self, failure: Optional[Failure], admitting: bool) -> Optional[int]:
+        """This launcher's exit status when the attempt's end is the job's (None: the job re-forms)."""
+        if failure is None:
+            return self._end("done", "all ranks finished", 0)
+        if failure.requeue and not admitting:
+            return self._end("preempted", failure.summary(), preemption.REQUEUE_EXIT)
+        if failure.user_error or self.forwarder.requested_at is not None:
+            report_failure(failure, time.monotonic() - failure.seen_at, self.plan.log_dir)
+            why = "fix the error above first" if failure.user_error else "the job is being preempted"
+            return self._end("failed", f"not restarting: {why}", 1)
+        return None
 
     def _plan_for(self, view: View) -> Plan:
         return dataclasses.replace(self.plan, nnodes=len(view.members), node_rank=view.members.index(self.me),
