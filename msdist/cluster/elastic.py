@@ -34,8 +34,8 @@ from msdist.base.files import rank_log_path
 from msdist.cluster import peers as peers_mod
 from msdist.cluster import preemption
 from msdist.cluster.failures import Failure
-from msdist.cluster.membership import (Change, NodeRange, TooFewNodes, View, decide, describe, first_order, host_of,
-                                       leader, record)
+from msdist.cluster.membership import (RESUME_FROM_RANK0_VAR, Change, NodeRange, TooFewNodes, View, decide, describe,
+                                       first_order, host_of, leader, record)
 from msdist.cluster.peers import Peers
 from msdist.cluster.supervisor import Plan, report_failure, run_attempt, say
 
@@ -57,6 +57,7 @@ class _LeftOut(Exception):
 def supervise(plan: Plan, forwarder: preemption.Forwarder) -> int:
     """Run this node's part of an elastic job until it ends; the exit status (msdist.cluster.supervisor.run)."""
     os.makedirs(plan.log_dir, exist_ok=True)
+    os.environ[RESUME_FROM_RANK0_VAR] = "1"   # every rank inherits it
     port = plan.master_port + 1
     me = f"{plan.master_addr if plan.node_rank == 0 else peers_mod.own_address(plan.master_addr)}:{port}"
     peers = Peers(me, f"{plan.master_addr}:{port}", plan.nproc, plan.node_rank).start()

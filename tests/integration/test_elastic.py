@@ -5,7 +5,7 @@ afterwards even when a test fails). Every run starts at once in one module fixtu
 reference among them, so the file costs about one run's wall time. A lost node is its launcher and every
 process it started killed with SIGKILL, at the first step of epoch 2 (12 steps per epoch): the survivor
 re-forms alone and resumes from the epoch-1 checkpoint (global step 12) with world size 1. A node whose
-network is gone is its host's link taken down, on a pair of hosts of its own.
+network is gone is its host's link taken down, on a pair of hosts of its own; then it comes back.
 """
 import glob
 import json
@@ -61,12 +61,13 @@ def cut_hosts():
     yield from _host_pair(CUT_PREFIX)
 
 
-def _node(tmp, name, hosts, node, port, args=ARGS, wait_for_nodes=30):
-    """One `msdist.launch -n 1 --nnodes 1:2` in host `node`'s namespace, on its own core."""
-    ns, addr0 = hosts[node][0], hosts[0][1]
-    return Job(tmp, f"{name}_node{node}", ["-n", "1", "--nnodes", "1:2", "--node_rank", str(node), "--master_addr",
-                                           addr0, "--master_port", str(port), "--wait_for_nodes", str(wait_for_nodes)],
-               args, output_name=name,
+def _node(tmp, name, hosts, node, port, args=ARGS, wait_for_nodes=30, back=False):
+    """One `msdist.launch -n 1 --nnodes 1:2` in host `node`'s namespace, on its own core. `back`: the host comes
+    back to a job that runs on the other host: it asks that host (and is not node_rank 0, which forms a job)."""
+    ns, master = hosts[node][0], hosts[1 - node if back else 0][1]
+    return Job(tmp, f"{name}_node{node}{'_back' if back else ''}",
+               ["-n", "1", "--nnodes", "1:2", "--node_rank", str(1 if back else node), "--master_addr", master,
+                "--master_port", str(port), "--wait_for_nodes", str(wait_for_nodes)], args, output_name=name,
                command=["ip", "netns", "exec", ns, "taskset", "-c", str(node % os.cpu_count()), sys.executable, "-m",
                         "msdist.launch"])
 
@@ -89,14 +90,26 @@ def _lose_node(jobs, node) -> dict:
     return record
 
 
-def _cut_network(jobs, hosts, node) -> dict:
-    """From a thread: once rank `node` reports KILL_AT_STEP, take its host's network link down (all else runs)."""
+def _cut_network(tmp, jobs, hosts, node, port) -> dict:
+    """From a thread: once rank `node` reports KILL_AT_STEP, take its host's network link down (all else runs).
+    Once one side went on alone (the other ended), the link comes back up and the ended side's launcher is
+    started again: it comes back (`jobs["back"]`)."""
     record = {}
+
+    def link(state):
+        subprocess.run(["ip", "-n", hosts[node][0], "link", "set", f"{CUT_PREFIX}v{'ab'[node]}", state], check=True)
 
     def watch():
         jobs[node].wait_for_beat(node, at_least_step=KILL_AT_STEP)
-        subprocess.run(["ip", "-n", hosts[node][0], "link", "set", f"{CUT_PREFIX}v{'ab'[node]}", "down"], check=True)
+        link("down")
         record["at"] = time.time()
+        deadline = time.monotonic() + RUN_LIMIT_S
+        while all(jobs[n].proc.poll() is None for n in (0, 1)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        loser = 0 if jobs[0].proc.poll() is not None else 1
+        jobs[1 - loser].wait_for_text("msdist.launch: membership 2:")
+        link("up")
+        jobs["back"] = _node(tmp, "cut", hosts, loser, port, LATE_ARGS, back=True)
 
     record["thread"] = threading.Thread(target=watch, daemon=True)
     record["thread"].start()
@@ -120,10 +133,10 @@ def runs(hosts, cut_hosts, tmp_path_factory):
     port = 21000 + os.getpid() % 500 * 10     # inside fresh namespaces: each run its own port and port + 1
     started = {name: {node: _node(tmp, name, hosts, node, port + 2 * i) for node in (1, 0)}
                for i, name in enumerate(("reference", "lose1", "lose0"))}
-    started["cut"] = {node: _node(tmp, "cut", cut_hosts, node, port) for node in (1, 0)}
+    started["cut"] = {node: _node(tmp, "cut", cut_hosts, node, port, LATE_ARGS) for node in (1, 0)}
     started["late"] = {0: _node(tmp, "late", hosts, 0, port + 6, LATE_ARGS, wait_for_nodes=0)}
     started["kills"] = {"lose1": _lose_node(started["lose1"], 1), "lose0": _lose_node(started["lose0"], 0),
-                        "cut": _cut_network(started["cut"], cut_hosts, 1)}
+                        "cut": _cut_network(tmp, started["cut"], cut_hosts, 1, port)}
     started["late_start"] = _start_late(tmp, hosts, started["late"], port + 6)
     yield started
     for name in ("reference", "lose1", "lose0", "cut", "late"):
@@ -205,25 +218,33 @@ def test_lost_node_0_the_survivor_hosts_the_scheduler_and_finishes_alike(runs, h
 
 
 @pytest.mark.multiprocess
-def test_network_gone_one_side_goes_on_the_other_ends_with_a_named_line(runs, cut_hosts):
+def test_network_gone_one_side_goes_on_and_the_host_coming_back_is_admitted(runs, cut_hosts):
     """Node 1's link down: each side finds the other lost, both try to go on alone, and the claim in the shared
-    log dir lets exactly one of them: it finishes alone; the other names why it stopped, instead of a second
-    job writing the same checkpoints."""
+    log dir lets exactly one of them (never two jobs writing the same checkpoints); the other names why it
+    stopped. The link back up, that host's launcher started again is admitted at a checkpoint boundary."""
     jobs, cut = runs["cut"], runs["kills"]["cut"]
     cut["thread"].join(timeout=RUN_LIMIT_S)
-    assert "at" in cut, f"the network was never cut:\n{jobs[1].stderr()}"
+    assert "back" in jobs, f"the network was never cut, or nobody went on:\n{jobs[0].stderr()}\n{jobs[1].stderr()}"
     codes = {node: jobs[node].wait(limit_s=RUN_LIMIT_S) for node in (0, 1)}
     assert sorted(codes.values()) == [0, 1], (jobs[0].stderr(), jobs[1].stderr())
     winner = 0 if codes[0] == 0 else 1
-    assert re.fullmatch(rf"msdist\.launch: membership 2: node {re.escape(cut_hosts[1 - winner][1])} left \(lost: no "
-                        rf"answer for \d+ s\); 1 node\(s\), world size 2 -> 1; node 0 \(scheduler\) "
-                        rf"{re.escape(cut_hosts[winner][1])}; resumed from global step {EPOCH1_STEP}",
-                        _changes(jobs[winner])[0]), jobs[winner].stderr()
+    assert jobs["back"].wait(limit_s=RUN_LIMIT_S) == 0, jobs["back"].stderr()
+    went_on, back = cut_hosts[winner][1], cut_hosts[1 - winner][1]
     assert "msdist.launch: FAILED: the job went on as membership 2 without this node" in jobs[1 - winner].stderr()
-    assert _result(jobs[winner])["world_size"] == 1
+    lines = _changes(jobs[winner])
+    assert len(lines) == 2, jobs[winner].stderr()
+    assert re.fullmatch(rf"msdist\.launch: membership 2: node {re.escape(back)} left \(lost: no answer for \d+ s\); "
+                        rf"1 node\(s\), world size 2 -> 1; node 0 \(scheduler\) {re.escape(went_on)}; resumed from "
+                        rf"global step {EPOCH1_STEP}", lines[0]), lines[0]
+    assert re.fullmatch(rf"msdist\.launch: membership 3: node {re.escape(back)} joined; 2 node\(s\), world size 1 -> "
+                        rf"2; node 0 \(scheduler\) {re.escape(went_on)}; resumed from global step \d+",
+                        lines[1]), lines[1]
+    assert _changes(jobs["back"]) == [lines[1]]
+    assert [(r["generation"], r["world_size"]) for r in _records(jobs[winner])] == [(2, 1), (3, 2)]
+    assert _result(jobs[winner])["world_size"] == 2
     print(f"network cut: node {winner} went on; membership 2 agreed {_agreed_at(jobs[0], 2) - cut['at']:.1f} s "
           "after the cut")
-    assert jobs[0].leftovers() == [] and jobs[1].leftovers() == []
+    assert all(job.leftovers() == [] for job in (jobs[0], jobs[1], jobs["back"]))
 
 
 @pytest.mark.multiprocess
