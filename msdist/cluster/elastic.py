@@ -51,7 +51,8 @@ class _Ended(Exception):
 
 
 class _LeftOut(Exception):
-    """A view was decided without this node (the other side of a partition went on): the named failure."""
+    """The job goes on without this node (the other side of a partition claimed the next view), or no node of it
+    answers any more: this launcher's named failure."""
 
 
 def supervise(plan: Plan, forwarder: preemption.Forwarder) -> int:
@@ -77,8 +78,8 @@ class _Elastic:
 
     def run(self) -> int:
         try:
-            view = self._form() if self.plan.node_rank == 0 else self._admitted(None)
-        except TooFewNodes as e:
+            view = self._form() if self.plan.node_rank == 0 else self._admitted()
+        except (TooFewNodes, _LeftOut) as e:
             return self._end("failed", f"FAILED: {e}", 1)
         except _Ended as e:
             return self._end("done", str(e), 0)
@@ -160,31 +161,38 @@ class _Elastic:
             f"{change.view.scheduler_host}")
         return change.view
 
-    def _admitted(self, job: Optional[str]) -> View:
-        """A node that is not in the job yet: ask until a view holds it (or the job ended)."""
+    def _admitted(self) -> View:
+        """A node that is not in the job yet: ask until a view holds it (or the job ended).
+
+        Raises:
+            _Ended: the job finished first.
+            _LeftOut: every node of the job stopped answering first.
+            ConfigError: no node answers at --master_addr, or the job runs another -n.
+        """
         began, told = time.monotonic(), False
         while True:
-            view = self.peers.newest_view(job)
+            view = self.peers.newest_view(None)
+            states = [s for s in map(self.peers.state_of, view.members if view else [self.peers.contact]) if s]
+            if states and states[0]["nproc"] != self.plan.nproc:
+                raise ConfigError(f"the job runs -n {states[0]['nproc']} ranks per node, this launcher -n "
+                                  f"{self.plan.nproc}: every node of an elastic job needs the same -n")
             if view is not None and self.me in view.members:
                 self.peers.set("running", view)   # no longer "waiting": that would be a restarted launcher
                 self._check_claim(view)
                 return view
             self.seen_before = view
-            states = [self.peers.state_of(m) for m in (view.members if view else [self.peers.contact])]
-            if view is not None and any(s and s.get("phase") in peers_mod.ENDED for s in states):
-                raise _Ended("the job ended before this node was admitted")
+            if view is None and time.monotonic() - began > self.plan.stall.stall_startup_timeout:
+                raise ConfigError(f"no launcher answered at {self.peers.contact} (--master_addr, --master_port + 1) "
+                                  f"within --stall_startup_timeout {self.plan.stall.stall_startup_timeout:g} s")
             if view is not None:
-                nproc = next((s["nproc"] for s in states if s), self.plan.nproc)
-                if nproc != self.plan.nproc:
-                    raise ConfigError(f"the job runs -n {nproc} ranks per node, this launcher -n "
-                                      f"{self.plan.nproc}: every node of an elastic job needs the same -n")
+                if any(s.get("phase") in peers_mod.ENDED for s in states):
+                    raise _Ended("the job ended before this node was admitted")
+                if len(self.peers.gone(view)) == len(view.members):
+                    raise _LeftOut("every node of the job stopped answering before this node was admitted")
                 if not told:
                     say(f"the job runs on {len(view.members)} node(s) (node 0: {view.scheduler_host}); waiting "
                         "to be admitted at its next checkpoint boundary")
                     told = True
-            elif time.monotonic() - began > self.plan.stall.stall_startup_timeout:
-                raise ConfigError(f"no launcher answered at {self.peers.contact} (--master_addr, --master_port + 1) "
-                                  f"within --stall_startup_timeout {self.plan.stall.stall_startup_timeout:g} s")
             time.sleep(_WAIT_S)
 
     # ------------------------------------------------------------ re-forming
