@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 ARGS = ["--config", TINY_CONFIG, "--data_dir", DATA_DIR, "--batch_size", "16", "--epochs", "3",
         "--deterministic", "true", "--log_every", "4"]
 # The late node needs the run still going when it comes: more epochs (no equivalence asked there).
-LATE_ARGS = ARGS[:-4] + ["--epochs", "10", "--log_every", "12"]
+LATE_ARGS = ARGS[:-4] + ["--epochs", "12", "--log_every", "12"]
 KILL_AT_STEP = 13          # the first step of epoch 2, which the heartbeat writes at once
 EPOCH1_STEP = 12
 EQUIVALENCE = 1e-4         # max |delta weight| against the uninterrupted run
