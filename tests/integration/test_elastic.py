@@ -26,11 +26,11 @@ from test_two_hosts import _create_namespaces, _delete_namespaces
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
+_TINY = ["--config", TINY_CONFIG, "--data_dir", DATA_DIR, "--batch_size", "16"]
 # resnet_tiny, the tiny test config, deterministic kernels: the equivalence of issue #33.
-ARGS = ["--config", TINY_CONFIG, "--data_dir", DATA_DIR, "--batch_size", "16", "--epochs", "3",
-        "--deterministic", "true", "--log_every", "4"]
-# The late node needs the run still going when it comes: more epochs (no equivalence asked there).
-LATE_ARGS = ARGS[:-4] + ["--epochs", "12", "--log_every", "12"]
+ARGS = _TINY + ["--epochs", "3", "--deterministic", "true", "--log_every", "4"]
+# The runs a node joins need the job still going when it comes: more epochs (no equivalence asked there).
+LATE_ARGS = _TINY + ["--epochs", "12", "--log_every", "12"]
 KILL_AT_STEP = 13          # the first step of epoch 2, which the heartbeat writes at once
 EPOCH1_STEP = 12
 EQUIVALENCE = 1e-4         # max |delta weight| against the uninterrupted run
