@@ -72,6 +72,8 @@ def review(cfg, world_size: int, device_target: str) -> List[str]:
     Raises:
         ConfigError: `check_amp_dtype`.
     """
-    plan = options.step_plan(cfg, device_target, world_size)
+    # The original job's micro-batches (its batch layout), which a job that changed its world size keeps.
+    slots = options.batch_slots(cfg, world_size)
+    plan = options.step_plan(cfg, device_target, options.batch_layout(cfg, slots, slots, 0))
     check_amp_dtype(plan.amp_level, plan.amp_dtype, device_target)
-    return recipe_warnings(plan, batch_size=cfg.batch_size, world_size=world_size, sync_bn=cfg.sync_bn)
+    return recipe_warnings(plan, batch_size=cfg.batch_size, world_size=slots, sync_bn=cfg.sync_bn)

@@ -37,7 +37,7 @@ def test_real_pipeline_shards_rebuild_the_single_card_batches(data_dir):
 
     def batches(world, rank):
         spec = pipeline.TrainInput(image_size=32, global_batch=16, seed=5, shuffle=True, augment=True, padding=2,
-                                   workers=1, world_size=world, rank=rank)
+                                   workers=1, layout=plan.BatchLayout(world, world, rank))
         data = pipeline.build_train_dataset(split, spec, epoch=1)
         out = []
         for images, _ in data.create_tuple_iterator(num_epochs=1, output_numpy=True):

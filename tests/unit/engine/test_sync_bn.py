@@ -1,4 +1,4 @@
-"""engine/sync_bn.py and distributed.unify_bn_stats: SyncBatchNorm's explicit backward against float64,
+"""engine/sync_bn.py and bn_stats.unify_bn_stats: SyncBatchNorm's explicit backward against float64,
 its rounding, its gradients and precision, and one rank equal to plain BatchNorm."""
 import numpy as np
 
@@ -131,7 +131,7 @@ def test_sync_bn_stays_float32_under_amp():
 def test_unify_bn_stats_reduce_and_broadcast():
     """The operation alone, seen from rank 1 of two: stand-in collectives return what AllGather would."""
     from models import create_model
-    from msdist.cluster.distributed import unify_bn_stats
+    from msdist.engine.bn_stats import unify_bn_stats
 
     class TwoRanks:  # Collectives.gather on rank 1 of a 2-rank job: row r = rank r's values
         world_size = 2

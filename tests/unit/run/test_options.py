@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from msdist.base.errors import ConfigError, DataError
-from msdist.data import pipeline
+from msdist.data import pipeline, plan
 from msdist.data.augment import Regularization
 from msdist.engine import optim
 from msdist.run import config, options
@@ -26,13 +26,13 @@ def test_train_input_is_this_rank_s_share_with_the_options_it_names():
     cfg = config.parse(["--batch_size", "16", "--image_size", "40", "--seed", "9", "--shuffle", "false",
                         "--crop_padding", "2", "--train_crop", "random_resized", "--crop_scale_min", "0.3",
                         "--mixup", "0.2", "--label_smoothing", "0.1"])
-    spec = options.train_input(cfg, world_size=2, rank=1, workers_per_rank=3, classes=4)
+    spec = options.train_input(cfg, plan.BatchLayout(2, 2, 1), workers_per_rank=3, classes=4)
     assert spec == pipeline.TrainInput(image_size=40, global_batch=16, seed=9, shuffle=False, augment=True, padding=2,
-                                       workers=3, world_size=2, rank=1, regularization=Regularization(
+                                       workers=3, layout=plan.BatchLayout(2, 2, 1), regularization=Regularization(
                                            "random_resized", (0.3, 1.0), (0.75, 4 / 3), 0.0, 0.2, 0.0, 0.1, 4))
     assert spec.batch_size == 8
     with pytest.raises(DataError, match="must divide evenly over 3 ranks"):
-        options.train_input(cfg, world_size=3, rank=0, workers_per_rank=1, classes=4).batch_size
+        options.train_input(cfg, plan.BatchLayout(3, 3, 0), workers_per_rank=1, classes=4).batch_size
 
 
 def test_learning_rates_scale_by_the_world_size_only_with_scale_lr():
@@ -49,11 +49,13 @@ def test_micro_batch_splits_the_rank_s_share_or_refuses_before_mindspore_loads()
 
 
 def test_step_plan_resolves_precision_for_the_device_and_names_the_step_s_options():
-    cpu = options.step_plan(config.parse(["--batch_size", "16", "--grad_accum_steps", "2"]), "CPU", 2)
+    cpu = options.step_plan(config.parse(["--batch_size", "16", "--grad_accum_steps", "2"]), "CPU",
+                            plan.BatchLayout(2, 2, 0))
     assert (cpu.amp_level, cpu.loss_scale.dynamic, cpu.fusion, cpu.accum_steps, cpu.micro_batch) == ("O0", False, None,
                                                                                                        2, 4)
     assert cpu.describe_precision().startswith("amp O0 | loss scale fixed 1, no per-step overflow check")
-    gpu = options.step_plan(config.parse(["--grad_compression", "fp16", "--allreduce_fusion", "85,160"]), "GPU", 1)
+    gpu = options.step_plan(config.parse(["--grad_compression", "fp16", "--allreduce_fusion", "85,160"]), "GPU",
+                            plan.BatchLayout())
     assert (gpu.amp_level, gpu.loss_scale.dynamic, gpu.grad_compression, gpu.fusion) == ("O2", True, "fp16",
                                                                                          (85, 160))
 

@@ -16,7 +16,7 @@ def _warnings(batch_size=1024, world_size=8, grad_accum_steps=1, sync_bn=False, 
               loss_scale="auto", grad_compression="none"):
     scale = precision.loss_scale_plan(loss_scale, amp_level, amp_dtype, grad_compression)
     plan = options.StepPlan(amp_level, amp_dtype, scale, grad_compression, 0.01, 1e-3, True, (), grad_accum_steps,
-                            batch_size // world_size // grad_accum_steps, "float32")
+                            batch_size // world_size // grad_accum_steps, "float32", 1 / grad_accum_steps)
     return recipe.recipe_warnings(plan, batch_size=batch_size, world_size=world_size, sync_bn=sync_bn)
 
 

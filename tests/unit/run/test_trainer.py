@@ -109,7 +109,7 @@ def test_an_epoch_end_makes_the_ranks_one_model_once_and_its_best_is_the_file_ju
     from msdist.cluster import heartbeat
     from msdist.cluster.stall import StallPolicy
     from msdist.run import checkpoint
-    from msdist.run.build import checkpoint_place
+    from msdist.run.options import checkpoint_place
     trainer = _trainer(tmp_path, data_dir, "--ema_decay", 0.9, "--epochs", 1)
     os.makedirs(tmp_path / "logs", exist_ok=True)
     trainer.beat = heartbeat.Heartbeat(str(tmp_path / "logs"), 0, StallPolicy.from_options({"stall_timeout": "0"}))
