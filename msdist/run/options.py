@@ -49,23 +49,26 @@ def checkpoint_place(cfg) -> Tuple[str, str]:
     return os.path.join(cfg.output_dir, "ckpt"), cfg.ckpt_prefix or cfg.model
 
 
+def resumed_slots(cfg, world_size: int) -> Optional[int]:
+    """The batch slots recorded by the run `--resume` continues (`checkpoint_model.recorded_slots`, from rank 0's
+    newest checkpoint, so every rank reads the same); None for a fresh start."""
+    source = checkpoint_model.resume_source(cfg.resume, *checkpoint_place(cfg), 0)
+    return checkpoint_model.recorded_slots(source, world_size) if source else None
+
+
 def batch_slots(cfg, world_size: int, environ: Mapping[str, str] = os.environ) -> int:
     """How many slots the job's global batch is cut into (`plan.BatchLayout`): the layout of the original job.
 
-    Resuming, the checkpoint's (`checkpoint_model.recorded_slots`; rank 0's newest, so every rank reads the same);
-    fresh, `MSDIST_BATCH_SLOTS` (set by a launcher that may shrink the job later), else the world size.
+    Resuming, the checkpoint's; on more ranks than that (a job grown past the ranks it was started for), one per
+    rank, as BatchNorm's micro-batches cannot be kept (`recipe.review` warns). Fresh, `MSDIST_BATCH_SLOTS` (set by
+    a launcher that may shrink the job later), else the world size.
 
     Raises:
-        ConfigError: fewer slots than ranks (a job never grows past the ranks it started for), or a bad variable.
+        ConfigError: MSDIST_BATCH_SLOTS is not a whole number of at least the world size.
     """
-    source = checkpoint_model.resume_source(cfg.resume, *checkpoint_place(cfg), 0)
-    if source:
-        slots = checkpoint_model.recorded_slots(source, world_size)
-        if slots < world_size:
-            raise ConfigError(f"{source} was written by a job whose global batch is cut into {slots} slot(s) (its "
-                              f"original ranks), fewer than the {world_size} ranks now; resume on at most {slots} "
-                              f"ranks, or start that job with {SLOTS_VAR} of at least the most ranks it will have")
-        return slots
+    recorded = resumed_slots(cfg, world_size)
+    if recorded is not None:
+        return max(recorded, world_size)
     text = environ.get(SLOTS_VAR, "")
     if not text:
         return world_size

@@ -12,7 +12,7 @@ One review, shared by the start-up of `msdist.train` (its warnings logged once, 
   seed's 32 images over 8 GPUs leave 4); a fixed loss scale other than 1 where float16 carries
   gradients stops the run at its first overflow, which a dynamic scale skips instead.
 """
-from typing import List
+from typing import List, Optional
 
 from msdist.base.errors import ConfigError
 from msdist.engine import precision
@@ -76,4 +76,24 @@ def review(cfg, world_size: int, device_target: str) -> List[str]:
     slots = options.batch_slots(cfg, world_size)
     plan = options.step_plan(cfg, device_target, options.batch_layout(cfg, slots, slots, 0))
     check_amp_dtype(plan.amp_level, plan.amp_dtype, device_target)
-    return recipe_warnings(plan, batch_size=cfg.batch_size, world_size=slots, sync_bn=cfg.sync_bn)
+    return layout_warnings(cfg, world_size, slots, options.resumed_slots(cfg, world_size)) + \
+        recipe_warnings(plan, batch_size=cfg.batch_size, world_size=slots, sync_bn=cfg.sync_bn)
+
+
+def layout_warnings(cfg, world_size: int, slots: int, resumed: Optional[int]) -> List[str]:
+    """Where a job that changed its world size cannot train exactly as the original job did: its BatchNorm
+    statistics span other images.
+
+    Args:
+        slots: the batch layout now (`options.batch_slots`); resumed: the one the checkpoint recorded, or None.
+    """
+    found = []
+    if resumed is not None and resumed < world_size:
+        found.append(f"the run resumed was started for {resumed} rank(s) (its batch slots) and grew to {world_size}: "
+                     f"BatchNorm now sees {cfg.batch_size // slots // cfg.grad_accum_steps} images per micro-batch "
+                     f"instead of {cfg.batch_size // resumed // cfg.grad_accum_steps}, not the original job's training; "
+                     f"start a job that may grow with {options.SLOTS_VAR} set to the most ranks it will have")
+    if cfg.sync_bn and slots != world_size:
+        found.append(f"--sync_bn true with {slots} batch slots on {world_size} ranks: each micro-batch's BatchNorm "
+                     f"statistics span {world_size} slots' images instead of {slots}, not the original job's training")
+    return found
