@@ -94,6 +94,6 @@ def layout_warnings(cfg, world_size: int, slots: int, resumed: Optional[int]) ->
                      f"instead of {cfg.batch_size // resumed // cfg.grad_accum_steps}, not the original job's training; "
                      f"start a job that may grow with {options.SLOTS_VAR} set to the most ranks it will have")
     if cfg.sync_bn and slots != world_size:
-        found.append(f"--sync_bn true with {slots} batch slots on {world_size} ranks: each micro-batch's BatchNorm "
+        found.append(f"--sync_bn true with {slots} batch slots on {world_size} rank(s): each micro-batch's BatchNorm "
                      f"statistics span {world_size} slots' images instead of {slots}, not the original job's training")
     return found

@@ -74,3 +74,59 @@ def test_a_frozen_backbone_with_cross_rank_batchnorm_is_refused_by_every_launche
     with pytest.raises(ConfigError, match="--freeze_backbone true and --sync_bn true"):
         launch.parse_args(["-n", "2"] + frozen_sync)
     startup.check_frozen_backbone(config.parse(frozen_sync), 1)   # one rank: sync_bn keeps plain BatchNorm
+
+
+def _run_with_checkpoints(tmp_path, ranks, batch_slots=None):
+    """An output folder whose ckpt/ holds `ranks` ranks' epoch-1 checkpoints (sidecars, as listing reads them);
+    `batch_slots` None: written before the layout was recorded."""
+    import json
+    import os
+    directory = tmp_path / "ckpt"
+    os.makedirs(directory)
+    meta = {"model": "resnet_tiny"} if batch_slots is None else {"model": "resnet_tiny", "batch_slots": batch_slots}
+    for rank in range(ranks):
+        path = directory / f"resnet_tiny_rank{rank}-1_12.ckpt"
+        path.write_bytes(b"")
+        (directory / f"{path.name}.json").write_text(json.dumps({"sha256": "0", "epoch": 1, "step": 12, "global_step": 12,
+                                                                 "config_hash": "h", "meta": meta}))
+    return config.parse(["--model", "resnet_tiny", "--output_dir", str(tmp_path), "--resume", "auto"])
+
+
+# (ranks that wrote the checkpoint, its recorded slots, world size now, MSDIST_BATCH_SLOTS) -> slots
+RESUMED_SLOTS = [
+    (2, 2, 1, "", 2),      # shrunk: the checkpoint's layout
+    (1, 2, 2, "", 2),      # grown back to the slots it was started for
+    (2, 4, 3, "8", 4),     # the checkpoint wins over the launcher's variable
+    (2, None, 1, "", 2),   # written before the layout was recorded: the ranks that wrote it
+    (1, None, 2, "", 2),   # ... but never fewer than the ranks now
+    (1, 1, 2, "", 2),      # grown past its slots: one per rank (recipe.review warns)
+]
+
+
+@pytest.mark.parametrize("writers,recorded,world,variable,slots", RESUMED_SLOTS)
+def test_a_resumed_job_keeps_the_batch_slots_of_its_checkpoint(tmp_path, writers, recorded, world, variable, slots):
+    cfg = _run_with_checkpoints(tmp_path, writers, recorded)
+    assert options.batch_slots(cfg, world, {options.SLOTS_VAR: variable}) == slots
+
+
+def test_a_fresh_job_takes_its_slots_from_the_launcher_or_its_world_size(tmp_path):
+    cfg = config.parse(["--output_dir", str(tmp_path), "--resume", "auto"])   # nothing to resume yet
+    assert options.batch_slots(cfg, 2, {}) == 2
+    assert options.batch_slots(cfg, 2, {options.SLOTS_VAR: "4"}) == 4
+    for bad in ("1", "two", "-4"):
+        with pytest.raises(ConfigError, match=f"{options.SLOTS_VAR}='{bad}'"):
+            options.batch_slots(cfg, 2, {options.SLOTS_VAR: bad})
+
+
+def test_the_batch_layout_is_said_once_and_shapes_the_step_and_the_schedule():
+    cfg = config.parse(["--batch_size", "16", "--lr", "0.1", "--scale_lr", "true", "--epochs", "1"])
+    layout = options.batch_layout(cfg, 4, 3, 0)
+    assert options.describe_layout(cfg, layout) == ("batch layout: 4 slots of 4 images on 3 rank(s): 2 or 1 "
+                                                    "micro-batches per step, global batch 16 as the original job")
+    assert options.describe_layout(cfg, options.batch_layout(cfg, 2, 2, 0)) == ""
+    step = options.step_plan(cfg, "CPU", layout)
+    assert (step.accum_steps, step.micro_batch, step.grad_scale) == (2, 4, 3 / 4)
+    # --scale_lr scales by the original job's ranks (its slots), whatever the world size now.
+    np.testing.assert_array_equal(options.learning_rates(cfg, 4, 3), optim.lr_schedule("constant", 0.4, 1, 3))
+    with pytest.raises(ConfigError, match="--sync_bn true with a batch layout of 4 slots on 3 ranks"):
+        options.batch_layout(config.parse(["--sync_bn", "true"]), 4, 3, 1)

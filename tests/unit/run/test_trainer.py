@@ -75,14 +75,14 @@ def _trainer(tmp_path, data_dir, *extra):
     """A Trainer built in this process as msdist.train builds it (one rank, CPU)."""
     import mindspore as ms
     from msdist.cluster import distributed, runtime
-    from msdist.run import build, config
+    from msdist.run import build, config, options
     from msdist.run.trainer import Trainer
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     cfg = config.parse(tiny_args(data_dir, tmp_path, *extra))
     dist, collectives = distributed.DistInfo(0, 1, 0, "CPU", ""), distributed.Collectives(1)
     rt = runtime.RuntimeInfo("default", "env", 1)
     build.seed_everything(cfg.seed)
-    data = build.load_data(cfg, dist, collectives, rt)
+    data = build.load_data(cfg, dist, collectives, rt, options.batch_slots(cfg, dist.world_size))
     return Trainer(cfg, dist, collectives, data, build.build_model(cfg, dist, data, rt), beat=None,
                    launch_kind="standalone")
 
