@@ -126,13 +126,13 @@ def run_checks(cfg, world_size: int, checks: Sequence[Check] = TRAIN_CHECKS) -> 
             check(cfg, world_size)
 
 
-def compile_cache_path(cfg, world_size: int, device_target: str, batch_slots: int) -> str:
+def compile_cache_path(cfg, world_size: int, device_target: str, slots: int) -> str:
     """This run's compile-cache folder (train only), keyed by what shapes the compiled train step.
 
     Args:
         device_target: the resolved device (CPU or GPU), never `auto`: a run directory started on CPU
             and resumed on GPU must not find the CPU graph, nor the amp level `auto` resolved there.
-        batch_slots: the job's batch layout (`options.batch_slots`), which shapes the step as the world size does.
+        slots: the job's batch layout (`options.batch_slots`), which shapes the step as the world size does.
     """
     if not cfg.compile_cache:
         return ""
@@ -140,7 +140,7 @@ def compile_cache_path(cfg, world_size: int, device_target: str, batch_slots: in
     graph_options = [o for o in config.TRAIN_OPTIONS if o.name != "max_steps"]
     return runtime.compile_cache_dir(cfg.output_dir, config.config_hash(cfg, graph_options), world_size,
                                      options.num_classes(cfg, pipeline.class_map(cfg.data_dir)), device_target,
-                                     precision.resolve_amp_level(cfg.amp_level, device_target), batch_slots)
+                                     precision.resolve_amp_level(cfg.amp_level, device_target), slots)
 
 
 def decide_device(cfg, launch: launch_env.LaunchEnv, probe: device.GpuProbe) -> device.DevicePlan:
