@@ -157,9 +157,9 @@ class TrainStep(nn.Cell):
     reduction: calling the cell runs one micro-batch (forward, backward, gradients added to float32
     buffers) and returns its loss, and a compiled apply step scales the buffers by `grad_scale`, reduces
     them over ranks, updates the weights and clears the buffers. Only the apply step has a collective
-    (without SyncBatchNorm), so ranks running different numbers of micro-batches stay in step. The buffers hold partial sums between
-    micro-batches only, so checkpoints (taken between optimizer steps) skip them. `train_on` runs one
-    optimizer step either way.
+    (without SyncBatchNorm), so ranks running different numbers of micro-batches stay in step. The buffers
+    hold partial sums between micro-batches only, so checkpoints (taken between optimizer steps) skip them.
+    `train_on` runs one optimizer step either way.
 
     Args:
         net: the model.

@@ -2,8 +2,9 @@
 
 The metadata (`model_meta`: model name, class count, input size, normalization, class names, padding
 convention, and for training checkpoints the batch layout) is what lets eval, predict, export and resume
-rebuild the same network, and the same training, from the checkpoint alone. This module is its one home: how it is made, read (`stored_meta`, `read_meta`, `resume_meta`) and
-interpreted (`meta_convention`). The file layout that carries it (`checkpoint.META_KEY`) is
+rebuild the same network, and the same training, from the checkpoint alone. This module is its one home:
+how it is made, read (`stored_meta`, `read_meta`, `resume_meta`) and interpreted (`meta_convention`,
+`recorded_slots`). The file layout that carries it (`checkpoint.META_KEY`) is
 `checkpoint.py`'s.
 """
 import json

@@ -12,14 +12,12 @@ from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
+from msdist.base.errors import ConfigError
+from msdist.base.launch_env import BATCH_SLOTS_VAR
 from msdist.cluster import runtime
 from msdist.data import augment, pipeline, plan
 from msdist.engine import optim, precision
-from msdist.base.errors import ConfigError
 from msdist.run import checkpoint_model, config
-
-# The batch layout of a fresh job, from its launcher (msdist.launch --nnodes MIN:MAX: MAX nodes x ranks per node).
-SLOTS_VAR = "MSDIST_BATCH_SLOTS"
 
 
 def num_classes(cfg, classes: Dict[str, int]) -> int:
@@ -60,8 +58,8 @@ def batch_slots(cfg, world_size: int, environ: Mapping[str, str] = os.environ) -
     """How many slots the job's global batch is cut into (`plan.BatchLayout`): the layout of the original job.
 
     Resuming, the checkpoint's; on more ranks than that (a job grown past the ranks it was started for), one per
-    rank, as BatchNorm's micro-batches cannot be kept (`recipe.review` warns). Fresh, `MSDIST_BATCH_SLOTS` (set by
-    a launcher that may shrink the job later), else the world size.
+    rank, as BatchNorm's micro-batches cannot be kept (`recipe.review` warns). Fresh, `MSDIST_BATCH_SLOTS`
+    (`launch_env.BATCH_SLOTS_VAR`, set by a launcher that may shrink the job later), else the world size.
 
     Raises:
         ConfigError: MSDIST_BATCH_SLOTS is not a whole number of at least the world size.
@@ -69,12 +67,12 @@ def batch_slots(cfg, world_size: int, environ: Mapping[str, str] = os.environ) -
     recorded = resumed_slots(cfg, world_size)
     if recorded is not None:
         return max(recorded, world_size)
-    text = environ.get(SLOTS_VAR, "")
+    text = environ.get(BATCH_SLOTS_VAR, "")
     if not text:
         return world_size
     if not text.isdigit() or int(text) < world_size:
-        raise ConfigError(f"{SLOTS_VAR}={text!r}: the batch layout needs a whole number of slots of at least the "
-                          f"world size {world_size}; set it to the most ranks the job may have, or unset it")
+        raise ConfigError(f"{BATCH_SLOTS_VAR}={text!r}: the batch layout needs a whole number of slots of at least "
+                          f"the world size {world_size}; set it to the most ranks the job may have, or unset it")
     return int(text)
 
 

@@ -14,6 +14,7 @@ One review, shared by the start-up of `msdist.train` (its warnings logged once, 
 """
 from typing import List, Optional
 
+from msdist.base import launch_env
 from msdist.base.errors import ConfigError
 from msdist.engine import precision
 from msdist.run import options
@@ -91,8 +92,9 @@ def layout_warnings(cfg, world_size: int, slots: int, resumed: Optional[int]) ->
     if resumed is not None and resumed < world_size:
         found.append(f"the run resumed was started for {resumed} rank(s) (its batch slots) and grew to {world_size}: "
                      f"BatchNorm now sees {cfg.batch_size // slots // cfg.grad_accum_steps} images per micro-batch "
-                     f"instead of {cfg.batch_size // resumed // cfg.grad_accum_steps}, not the original job's training; "
-                     f"start a job that may grow with {options.SLOTS_VAR} set to the most ranks it will have")
+                     f"instead of {cfg.batch_size // resumed // cfg.grad_accum_steps}, not the original job's "
+                     f"training; start a job that may grow with {launch_env.BATCH_SLOTS_VAR} set to the most ranks it "
+                     "will have")
     if cfg.sync_bn and slots != world_size:
         found.append(f"--sync_bn true with {slots} batch slots on {world_size} rank(s): each micro-batch's BatchNorm "
                      f"statistics span {world_size} slots' images instead of {slots}, not the original job's training")

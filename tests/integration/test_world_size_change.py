@@ -27,7 +27,8 @@ import sys
 import numpy as np
 import pytest
 
-from msdist.run import checkpoint, options
+from msdist.base import launch_env
+from msdist.run import checkpoint
 from test_launch import EXACT_ARGS, Job
 
 ARGS = EXACT_ARGS + ["--epochs", "2"]   # tiny_test.yaml's own two epochs: one before the change, one after
@@ -55,7 +56,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("resize")
     reference = Job(tmp, "reference", ["-n", "2"], ARGS)
     grow_start = Job(tmp, "grow_start", ["-n", "1"], ARGS + ["--max_steps", str(EPOCH)], output_name="grow",
-                     env={options.SLOTS_VAR: "2"}, command=_on_half_the_cores())
+                     env={launch_env.BATCH_SLOTS_VAR: "2"}, command=_on_half_the_cores())
     assert reference.wait() == 0, reference.stderr()
     assert grow_start.wait() == 0, grow_start.stderr()
     shrink = Job(tmp, "shrink", ["-n", "1"], ARGS + ["--resume", "auto"], command=_on_half_the_cores(),

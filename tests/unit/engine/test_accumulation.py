@@ -107,7 +107,8 @@ def test_a_rank_owning_two_slots_sends_exactly_the_mean_of_their_gradients_and_k
     for part in (slice(0, 8), slice(8, 16)):
         train, capture, net = _capturing_step(1, None)
         train.train_on(ms.Tensor(images[part]), ms.Tensor(labels[part]))
-        alone.append(([p.asnumpy() for p in capture.seen], [p.asnumpy() for p in net.get_parameters() if "moving_" in p.name]))
+        alone.append(([p.asnumpy() for p in capture.seen],
+                      [p.asnumpy() for p in net.get_parameters() if "moving_" in p.name]))
     train, capture, net = _capturing_step(2, 0.5, slots_owned=2)
     train.train_on(ms.Tensor(images), ms.Tensor(labels))
     for sent, g0, g1 in zip(capture.seen, alone[0][0], alone[1][0]):

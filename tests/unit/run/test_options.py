@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from msdist.base import launch_env
 from msdist.base.errors import ConfigError, DataError
 from msdist.data import pipeline, plan
 from msdist.data.augment import Regularization
@@ -87,8 +88,8 @@ def _run_with_checkpoints(tmp_path, ranks, batch_slots=None):
     for rank in range(ranks):
         path = directory / f"resnet_tiny_rank{rank}-1_12.ckpt"
         path.write_bytes(b"")
-        (directory / f"{path.name}.json").write_text(json.dumps({"sha256": "0", "epoch": 1, "step": 12, "global_step": 12,
-                                                                 "config_hash": "h", "meta": meta}))
+        sidecar = {"sha256": "0", "epoch": 1, "step": 12, "global_step": 12, "config_hash": "h", "meta": meta}
+        (directory / f"{path.name}.json").write_text(json.dumps(sidecar))
     return config.parse(["--model", "resnet_tiny", "--output_dir", str(tmp_path), "--resume", "auto"])
 
 
@@ -106,16 +107,16 @@ RESUMED_SLOTS = [
 @pytest.mark.parametrize("writers,recorded,world,variable,slots", RESUMED_SLOTS)
 def test_a_resumed_job_keeps_the_batch_slots_of_its_checkpoint(tmp_path, writers, recorded, world, variable, slots):
     cfg = _run_with_checkpoints(tmp_path, writers, recorded)
-    assert options.batch_slots(cfg, world, {options.SLOTS_VAR: variable}) == slots
+    assert options.batch_slots(cfg, world, {launch_env.BATCH_SLOTS_VAR: variable}) == slots
 
 
 def test_a_fresh_job_takes_its_slots_from_the_launcher_or_its_world_size(tmp_path):
     cfg = config.parse(["--output_dir", str(tmp_path), "--resume", "auto"])   # nothing to resume yet
     assert options.batch_slots(cfg, 2, {}) == 2
-    assert options.batch_slots(cfg, 2, {options.SLOTS_VAR: "4"}) == 4
+    assert options.batch_slots(cfg, 2, {launch_env.BATCH_SLOTS_VAR: "4"}) == 4
     for bad in ("1", "two", "-4"):
-        with pytest.raises(ConfigError, match=f"{options.SLOTS_VAR}='{bad}'"):
-            options.batch_slots(cfg, 2, {options.SLOTS_VAR: bad})
+        with pytest.raises(ConfigError, match=f"{launch_env.BATCH_SLOTS_VAR}='{bad}'"):
+            options.batch_slots(cfg, 2, {launch_env.BATCH_SLOTS_VAR: bad})
 
 
 def test_the_batch_layout_is_said_once_and_shapes_the_step_and_the_schedule():
