@@ -1,11 +1,11 @@
 """Take the next batch off the input pipeline while the current step runs.
 
-`next()` on MindSpore's dataset iterator costs the caller far more than the copy it makes: the C++
-pipeline hands the batch over through its own threads, and a consumer that has been busy elsewhere
-(running the step) pays their wake-up. Measured with benchmarks/host_work.py: ~0.9-1.3 ms a batch on
-this loaded 2-core host, against ~20 us when the same call is repeated back to back. A compiled graph's
-run releases the GIL (a Python thread keeps ~80% of its pace during a ResNet-18 step on this host), so a
-thread can make that call during the step and the training loop only collects the result.
+`next()` on MindSpore's dataset iterator costs the caller far more than turning the batch into Tensors
+(~10 us, no copy): the C++ pipeline hands the batch over through its own threads, and a consumer that has
+been busy elsewhere (running the step) waits ~0.3-2.4 ms for it on this loaded 2-core host
+(benchmarks/host_work.py), against ~20 us when the call is repeated back to back. A compiled graph's run
+releases the GIL (a Python thread keeps ~80% of its pace during a ResNet-18 step on this host), and so does
+the hand-over, so a helper thread can make that call during the step and the loop only collects the result.
 """
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator

@@ -103,12 +103,12 @@ class _RunEveryStep(nn.Cell):
     """A cell launched every step, whose launch skips MindSpore's per-run compile check while its inputs keep the
     shapes and dtypes of the last compile.
 
-    `Cell.__call__` compiles before every run (mindspore/nn/cell.py:1786-1797, `compile_and_run`). On a cache hit
+    `Cell.__call__` compiles before every run (mindspore/nn/cell.py:1800, in `compile_and_run`). On a cache hit
     that check still sets `compile_phase` on every sub-cell, recursively (mindspore/graph/api.py:2331-2332, the
-    setter at nn/cell.py:520-527): ~200 us a step for ResNet-18's 77 cells on this host, twice the cells for
-    ResNet-50. The graph a run executes is the one `arguments_key` names (graph/api.py:144-146 `_real_phase`,
-    2445-2447 `run`), which only a compile sets, so skipping a compile whose inputs match the last one runs the
-    same graph.
+    setter at nn/cell.py:520-527): ~190 us a step for ResNet-18's 77 cells on this host, and ResNet-50's step
+    has 160. The graph a run executes is the one `arguments_key` names (graph/api.py:2450-2452 through
+    `_real_phase`, 144-146), which only a compile sets (graph/api.py:2323), so skipping a compile whose inputs
+    match the last one runs the same graph.
     """
 
     _compiled_for = None   # (shape, dtype) of each input at the last compile
