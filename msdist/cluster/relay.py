@@ -8,7 +8,8 @@ preemption signal, or SIGTERM (what Kubernetes sends), it sends the preemption s
 `msdist.train` rank below COMMAND, and to mpirun when mpirun forwards that signal to all its ranks (SIGUSR2:
 the MPIJob launcher pod, whose ranks run on the workers). Once those are gone (the ranks saved at the
 agreed step) it gives COMMAND a few seconds to end by itself (mpirun, msrun), stops it with SIGTERM (sshd),
-and exits with preemption.REQUEUE_EXIT. A second signal, later than preemption.REPEAT_S, is passed on
+and exits with preemption.REQUEUE_EXIT, unless COMMAND ended by itself with 0: the job finished before the
+ranks could take the signal, and a requeue would only start a finished job again. A second signal, later than preemption.REPEAT_S, is passed on
 again: the ranks stop at once. Without a signal it exits with COMMAND's status.
 
 The ranks are found under COMMAND only (the process tree, /proc), never by name across the machine.
@@ -99,14 +100,17 @@ class _Relay:
 
     def run(self) -> int:
         gone_at = None
+        stopped = False
         while self.child.poll() is None:
             if self.asked and not any(os.path.exists(f"/proc/{pid}") for pid in self.told):
                 gone_at = gone_at or time.monotonic()
                 if time.monotonic() - gone_at > _CHILD_GRACE_S:
                     self.child.terminate()  # sshd stays up by itself; mpirun and msrun left on their own
                     self.child.wait()
+                    stopped = True
             time.sleep(_POLL_S)
-        return preemption.REQUEUE_EXIT if self.asked else self.child.returncode
+        finished = self.child.returncode == 0 and not stopped
+        return preemption.REQUEUE_EXIT if self.asked and not finished else self.child.returncode
 
 
 def _parse(argv: Optional[List[str]]):

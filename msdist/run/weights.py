@@ -248,7 +248,7 @@ def plan(net, source: Source, model: str) -> Plan:
         extra = sorted(tensors)[0]
         raise _does_not_fit(source, model, f"it has {source.names[extra]}, which the model has no place for")
     skipped = {"optimizer/state entries": sorted(source.names[n] for n in tensors),
-               "BatchNorm counters (num_batches_tracked)": list(source.counters)}
+               "BatchNorm counters (num_batches_tracked)": sorted(source.counters)}
     return Plan(loads, _head_text(source, head, head_fits), {group: names for group, names in skipped.items() if names})
 
 

@@ -21,7 +21,10 @@ from test_launch import EXACT_ARGS, REPO, Job, assert_same_final_params
 
 # EMA on: an off-schedule save must not synchronise it (nor unify BatchNorm statistics, --dist_bn reduce).
 ARGS = EXACT_ARGS + ["--ema_decay", "0.9"]
-SIGNAL_AT_STEP = 27       # epoch 3 of 5 (12 steps each): mid-epoch, after two epoch-end saves
+# Epoch 2 of 5 (12 steps each): mid-epoch, after an epoch-end save. Heartbeats come every couple of seconds,
+# so the signal lands up to ~2 s of steps later; a fast host runs the 45 steps left in ~6 s, and a signal after
+# the last step rightly ends the job as finished (exit 0), so the margin must stay wide.
+SIGNAL_AT_STEP = 15
 AGREED = re.compile(r"the ranks agreed on global step (\d+); checkpoint complete ([\d.]+) s after the signal")
 # The issue's bound from the signal to a complete checkpoint is one step + one save + 10 s; the tiny
 # model's step and save take well under a second each.
@@ -144,7 +147,8 @@ def test_mpijob_worker_sigterm_reaches_the_ranks_through_the_relay_and_mpirun_ex
     if not shutil.which("mpirun"):
         pytest.skip("mpirun is not installed")
     stand_in = tmp_path / "sshd_stand_in.sh"   # an MPIJob worker's sshd: the ranks run below it
-    stand_in.write_text('"$@"; echo $? > "$MPIRUN_STATUS"\n', encoding="utf-8")
+    # sshd stays up after the ranks it carried have gone: the relay has to stop it.
+    stand_in.write_text('"$@"; echo $? > "$MPIRUN_STATUS"; exec sleep 3600\n', encoding="utf-8")
     status = tmp_path / "mpirun.status"
     relay = [sys.executable, "-m", "msdist.cluster.relay", "--", "bash", str(stand_in), *mpirun(2), sys.executable,
              "-m", "msdist.train"]
@@ -178,11 +182,33 @@ def test_msrun_under_the_relay_saves_at_one_agreed_step(tmp_path):
     assert job.leftovers(settle_s=15) == []
 
 
+def _relay(*args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "msdist.cluster.relay", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=REPO))
+
+
 def test_the_relay_passes_its_commands_status_through_and_refuses_bad_input_in_one_line():
     def relay(*args):
-        return subprocess.run([sys.executable, "-m", "msdist.cluster.relay", *args], capture_output=True, text=True,
-                              env=dict(os.environ, PYTHONPATH=REPO), timeout=60)
+        proc = _relay(*args)
+        proc.communicate(timeout=60)
+        return proc
     assert relay("--", "sh", "-c", "exit 3").returncode == 3   # no signal: the command's own status
     for args, why in ((["--preempt_signal", "USR1", "--", "true"], "stack-dump"), ([], "needs a command")):
-        refused = relay(*args)
+        refused = subprocess.run([sys.executable, "-m", "msdist.cluster.relay", *args], capture_output=True,
+                                 text=True, env=dict(os.environ, PYTHONPATH=REPO), timeout=60)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and why in refused.stderr
+
+
+@pytest.mark.parametrize("status, expected", [(0, 0), (3, preemption.REQUEUE_EXIT)])
+def test_a_command_that_ends_by_itself_with_0_after_the_signal_finished_the_job_and_is_not_requeued(
+        tmp_path, status, expected):
+    """The signal came too late for the ranks (training had ended): requeueing would start a finished job again."""
+    started = tmp_path / "started"
+    proc = _relay("--", "sh", "-c", f'touch "{started}"; sleep 3; exit {status}')
+    deadline = time.monotonic() + 30
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)   # the relay installs its handler right after starting the command
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == expected
