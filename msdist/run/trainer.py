@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from msdist.cluster import distributed, preemption
-from msdist.data import pipeline
+from msdist.data import pipeline, prefetch
 from msdist.engine import bn_stats, loss_scale, optim, reducers
 from msdist.run import checkpoint, config, evaluation, options, resume_point
 from msdist.run.background_save import BackgroundSaver
@@ -170,7 +170,8 @@ class Trainer:
         self.beat.enter("data wait")  # building the epoch's pipeline and its first batch
         batches = pipeline.build_train_dataset(self.data.train, self.data.train_input, epoch, skip_steps=skip)
         self.watch.start_epoch(at)
-        for images, labels in batches.create_tuple_iterator(num_epochs=1):
+        # The next batch is fetched while this one's step runs (its graph releases the GIL): data/prefetch.py.
+        for images, labels in prefetch.one_ahead(batches.create_tuple_iterator(num_epochs=1)):
             self.beat.enter("train step")
             data_s = self.watch.meter.data_ready()
             at = self._train_step(images, labels, at)
