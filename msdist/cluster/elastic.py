@@ -31,11 +31,12 @@ from typing import Dict, List, Optional
 
 from msdist.base.errors import ConfigError
 from msdist.base.files import rank_log_path
+from msdist.base.launch_env import RESUME_FROM_RANK0_VAR
 from msdist.cluster import peers as peers_mod
 from msdist.cluster import preemption
 from msdist.cluster.failures import Failure
-from msdist.cluster.membership import (RESUME_FROM_RANK0_VAR, Change, NodeRange, TooFewNodes, View, decide, describe,
-                                       first_order, host_of, leader, record)
+from msdist.cluster.membership import (Change, NodeRange, TooFewNodes, View, decide, describe, first_order, host_of,
+                                       leader, record)
 from msdist.cluster.peers import Peers
 from msdist.cluster.supervisor import Plan, report_failure, run_attempt, say
 

@@ -16,11 +16,6 @@ from typing import Dict, List, Sequence, Set, Tuple
 
 from msdist.base.errors import ConfigError
 
-# Set by msdist.launch in every rank of an elastic job: `--resume auto` restores rank 0's newest good checkpoint
-# on every rank (msdist.run.resume_point). A rank's own files may be from an older membership (a node that comes
-# back finds its rank's files from before it was lost), and "the newest step all ranks have" would go back to them.
-RESUME_FROM_RANK0_VAR = "MSDIST_RESUME_FROM_RANK0"
-
 
 @dataclass(frozen=True)
 class NodeRange:

@@ -40,6 +40,7 @@ from typing import Callable, Dict, List, Optional
 
 from msdist.base.errors import ConfigError
 from msdist.base.files import rank_log_path
+from msdist.base.launch_env import BATCH_SLOTS_VAR
 from msdist.cluster import heartbeat, preemption, registration, rendezvous
 from msdist.cluster.failures import Failure, describe_exit, first_cause, traceback_tail, with_cluster_cause
 from msdist.cluster.stall import StallPolicy
@@ -119,7 +120,7 @@ def worker_env(plan: Plan, local_rank: int, host: str, port: int) -> Dict[str, s
             "MS_NODE_ID": str(plan.global_rank(local_rank)), "MSDIST_LOCAL_RANK": str(local_rank),
             "MSDIST_LOCAL_WORLD_SIZE": str(plan.nproc),
             # The slots (micro-batches) the global batch is cut into: the same at every world size (run/trainer).
-            "MSDIST_BATCH_SLOTS": str((plan.max_nodes or plan.nnodes) * plan.nproc)}
+            BATCH_SLOTS_VAR: str((plan.max_nodes or plan.nnodes) * plan.nproc)}
 
 
 def _spawn_worker(plan: Plan, local_rank: int, host: str, port: int, train_args: List[str]) -> _Worker:

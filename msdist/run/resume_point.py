@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from msdist.base.errors import CheckpointError
-from msdist.cluster.membership import RESUME_FROM_RANK0_VAR
+from msdist.base.launch_env import RESUME_FROM_RANK0_VAR
 from msdist.run import checkpoint
 
 _logger = logging.getLogger(__name__)
