@@ -31,7 +31,7 @@ from typing import Dict, List, Optional
 
 from msdist.base.errors import ConfigError
 from msdist.base.files import rank_log_path
-from msdist.base.launch_env import RESUME_FROM_RANK0_VAR
+from msdist.base.launch_env import BATCH_SLOTS_VAR, RESUME_FROM_RANK0_VAR
 from msdist.cluster import peers as peers_mod
 from msdist.cluster import preemption
 from msdist.cluster.failures import Failure
@@ -56,10 +56,16 @@ class _LeftOut(Exception):
     answers any more: this launcher's named failure."""
 
 
+def rank_environment(plan: Plan) -> Dict[str, str]:
+    """What every rank of an elastic job gets: the global batch cut into MAX nodes x -n slots at any world size
+    (run/options.py, the trainer side), and `--resume auto` from rank 0's newest checkpoint (run/resume_point.py)."""
+    return {BATCH_SLOTS_VAR: str(plan.max_nodes * plan.nproc), RESUME_FROM_RANK0_VAR: "1"}
+
+
 def supervise(plan: Plan, forwarder: preemption.Forwarder) -> int:
     """Run this node's part of an elastic job until it ends; the exit status (msdist.cluster.supervisor.run)."""
     os.makedirs(plan.log_dir, exist_ok=True)
-    os.environ[RESUME_FROM_RANK0_VAR] = "1"   # every rank inherits it
+    os.environ.update(rank_environment(plan))   # every rank inherits it
     port = plan.master_port + 1
     me = f"{plan.master_addr if plan.node_rank == 0 else peers_mod.own_address(plan.master_addr)}:{port}"
     peers = Peers(me, f"{plan.master_addr}:{port}", plan.nproc, plan.node_rank).start()

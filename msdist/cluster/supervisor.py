@@ -40,7 +40,6 @@ from typing import Callable, Dict, List, Optional
 
 from msdist.base.errors import ConfigError
 from msdist.base.files import rank_log_path
-from msdist.base.launch_env import BATCH_SLOTS_VAR
 from msdist.cluster import heartbeat, preemption, registration, rendezvous
 from msdist.cluster.failures import Failure, describe_exit, first_cause, traceback_tail, with_cluster_cause
 from msdist.cluster.stall import StallPolicy
@@ -76,7 +75,7 @@ class Plan:
     show_plan: bool = False      # --plan: print each local rank's `msdist.check --plan` and start nothing
     host_root: str = "/"         # --plan's --host_root: where the GPU facts are read
     preempt_signal: int = signal.SIGTERM   # the train option --preempt_signal: passed on to the ranks
-    max_nodes: int = 0           # --nnodes MIN:MAX's MAX (0: nnodes): the batch is cut for that many nodes' ranks
+    max_nodes: int = 0           # --nnodes MIN:MAX's MAX (msdist.cluster.elastic when above nnodes)
     wait_for_nodes: float = 30.0  # --wait_for_nodes: elastic node 0 waits this long for more than MIN nodes
 
     @property
@@ -118,9 +117,7 @@ def worker_env(plan: Plan, local_rank: int, host: str, port: int) -> Dict[str, s
     """The variables a local rank gets on top of the launcher's environment."""
     return {**rendezvous.cluster_env(host, port, plan.world_size), "MS_ROLE": "MS_WORKER",
             "MS_NODE_ID": str(plan.global_rank(local_rank)), "MSDIST_LOCAL_RANK": str(local_rank),
-            "MSDIST_LOCAL_WORLD_SIZE": str(plan.nproc),
-            # The slots (micro-batches) the global batch is cut into: the same at every world size (run/trainer).
-            BATCH_SLOTS_VAR: str((plan.max_nodes or plan.nnodes) * plan.nproc)}
+            "MSDIST_LOCAL_WORLD_SIZE": str(plan.nproc)}
 
 
 def _spawn_worker(plan: Plan, local_rank: int, host: str, port: int, train_args: List[str]) -> _Worker:

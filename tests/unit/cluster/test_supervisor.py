@@ -4,7 +4,7 @@ import pytest
 
 from msdist import launch
 from msdist.base.errors import ConfigError
-from msdist.cluster import failures, supervisor
+from msdist.cluster import elastic, failures
 from conftest import REAL_DATA as DATA_DIR
 
 
@@ -21,10 +21,10 @@ def test_nnodes_min_max_is_an_elastic_plan_whose_batch_is_cut_for_max_nodes(tmp_
                               "--master_port", "29500", "--wait_for_nodes", "5", "--batch_size", "12",
                               "--data_dir", DATA_DIR, "--output_dir", str(tmp_path / "x")])
     assert (plan.nnodes, plan.max_nodes, plan.node_rank, plan.wait_for_nodes) == (1, 3, 2, 5.0)
-    assert supervisor.worker_env(plan, 1, "10.0.0.1", 29500)["MSDIST_BATCH_SLOTS"] == "6"   # MAX x -n, any size
+    # Every rank: the batch cut for MAX x -n ranks at any world size, and resumed from rank 0's newest checkpoint.
+    assert elastic.rank_environment(plan) == {"MSDIST_BATCH_SLOTS": "6", "MSDIST_RESUME_FROM_RANK0": "1"}
     fixed = launch.parse_args(["-n", "2", "--data_dir", DATA_DIR])
-    assert (fixed.nnodes, fixed.max_nodes) == (1, 1)
-    assert supervisor.worker_env(fixed, 0, "127.0.0.1", 1)["MSDIST_BATCH_SLOTS"] == "2"
+    assert (fixed.nnodes, fixed.max_nodes) == (1, 1)   # a fixed job: no elastic supervisor, the variables untouched
     with pytest.raises(ConfigError, match="--node_rank 3 must be in 0..2"):
         launch.parse_args(["-n", "1", "--nnodes", "1:3", "--node_rank", "3", "--master_addr", "h", "--master_port", "1"])
     with pytest.raises(ConfigError, match="--nnodes > 1 needs --master_addr"):
