@@ -53,7 +53,8 @@ def agree(directory: str, prefix: str, rank: int, collectives) -> Optional[Resum
     why = "an elastic job (its membership may have changed)" if elastic else \
         f"ranks {without} have no checkpoint of their own (the job grew, or their files are gone)"
     _logger.warning("resume auto: %s: every rank resumes from rank 0's newest good checkpoint %s (global step %d); "
-                    "rank-local gradient-compression residuals are dropped", why, first.path, first.position.global_step)
+                    "rank-local gradient-compression residuals are dropped", why, first.path,
+                    first.position.global_step)
     return ResumePoint(first, rank0s=True)
 
 

@@ -26,7 +26,8 @@ def test_nnodes_min_max_is_an_elastic_plan_whose_batch_is_cut_for_max_nodes(tmp_
     fixed = launch.parse_args(["-n", "2", "--data_dir", DATA_DIR])
     assert (fixed.nnodes, fixed.max_nodes) == (1, 1)   # a fixed job: no elastic supervisor, the variables untouched
     with pytest.raises(ConfigError, match="--node_rank 3 must be in 0..2"):
-        launch.parse_args(["-n", "1", "--nnodes", "1:3", "--node_rank", "3", "--master_addr", "h", "--master_port", "1"])
+        launch.parse_args(["-n", "1", "--nnodes", "1:3", "--node_rank", "3", "--master_addr", "h",
+                           "--master_port", "1"])
     with pytest.raises(ConfigError, match="--nnodes > 1 needs --master_addr"):
         launch.parse_args(["-n", "1", "--nnodes", "1:2"])
 
