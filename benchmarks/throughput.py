@@ -334,11 +334,12 @@ def worker_pipeline(ranks: str, batches: str) -> dict:
     """Images/s of one rank's decode + augment + batch, alone, with the workers training would give it."""
     from msdist.cluster import runtime
     rt = runtime.prepare_tool(int(ranks))
-    from msdist.data import pipeline
+    from msdist.data import pipeline, plan
     classes = pipeline.class_map(DATA_DIR)
     split = pipeline.list_split(DATA_DIR, pipeline.TRAIN_SPLIT, classes)
     spec = pipeline.TrainInput(image_size=IMAGE_SIZE, global_batch=GLOBAL_BATCH, seed=1, shuffle=True, augment=True,
-                               padding=4, workers=rt.threads_per_rank, world_size=int(ranks))
+                               padding=4, workers=rt.threads_per_rank,
+                               layout=plan.BatchLayout(int(ranks), int(ranks)))
     data = pipeline.build_train_dataset(split, spec, epoch=0)
     it = data.create_tuple_iterator(num_epochs=1, output_numpy=True)
     next(it)

@@ -22,7 +22,7 @@ from msdist.base.cli import cli_main
 from msdist.base.errors import UserError, alike_on_every_rank
 from msdist.cluster import device, distributed, heartbeat, job, runtime
 from msdist.base.files import rank_log_path
-from msdist.run import checkpoint, config, recipe, startup
+from msdist.run import checkpoint, config, options, recipe, startup
 
 
 PLAN_FLAG = "--plan"
@@ -124,7 +124,7 @@ def _paths(cfg, launch: launch_env.LaunchEnv, target: str):
     yield "log", rank_log_path(log_dir, launch.rank)
     yield "heartbeat", heartbeat.path_for(log_dir, launch.rank)
     try:
-        cache = startup.compile_cache_path(cfg, launch.world_size, target)
+        cache = startup.compile_cache_path(cfg, launch.world_size, target, options.batch_slots(cfg, launch.world_size))
     except UserError as e:  # the class count comes from --data_dir unless --num_classes is given
         yield "compile cache", f"unknown here ({e})"
     else:

@@ -5,15 +5,17 @@ Every option the launcher does not know goes to msdist.train; the launcher reads
 before any rank starts; msdist.cluster.supervisor does the rest (spawn, watch, stop, restart).
 """
 import os
+import subprocess
 import sys
 from typing import List, Optional
 
 from msdist.base.args import ArgumentParser
 from msdist.base.cli import cli_main
 from msdist.base.errors import ConfigError
-from msdist.cluster import preemption
+from msdist.cluster import elastic, preemption
+from msdist.cluster.membership import parse_nnodes
 from msdist.cluster.stall import StallPolicy
-from msdist.cluster.supervisor import Plan, run, show_plan
+from msdist.cluster.supervisor import Plan, run, worker_env
 from msdist.run import config, startup
 
 
@@ -21,11 +23,14 @@ def _build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="msdist.launch", allow_abbrev=False,
                 description="Start N ranks of msdist.train on this node; unknown options go to msdist.train.")
     p.add_argument("-n", "--nproc_per_node", type=int, required=True, help="ranks (worker processes) on this node")
-    p.add_argument("--nnodes", type=int, default=1, help="number of nodes, each running one launcher [1]")
+    p.add_argument("--nnodes", default="1", help="number of nodes, each running one launcher: M, or MIN:MAX for "
+                   "an elastic job that goes on while at least MIN nodes are left and admits nodes up to MAX [1]")
     p.add_argument("--node_rank", type=int, default=0, help="this node's index, 0..nnodes-1; node 0 hosts the "
-                   "scheduler [0]")
+                   "scheduler (elastic: node 0 forms the job, the others join it, in this order) [0]")
     p.add_argument("--master_addr", default="", help="address or host name of node 0 (resolved once, here); "
-                   "required with --nnodes > 1 [127.0.0.1 on a single node]")
+                   "required with --nnodes > 1 (elastic: any node of the running job) [127.0.0.1 on a single node]")
+    p.add_argument("--wait_for_nodes", type=float, default=30.0, help="--nnodes MIN:MAX: once MIN nodes have "
+                   "joined, node 0 waits this long for more, up to MAX, before the job starts [30]")
     p.add_argument("--master_port", type=int, default=0, help="scheduler port on node 0; required with --nnodes > 1 "
                    "[a free port]")
     p.add_argument("--max_restarts", type=int, default=0, help="restart all ranks with --resume auto after a "
@@ -48,23 +53,37 @@ def parse_args(argv: Optional[List[str]] = None) -> Plan:
     train_args = config.renamed_to_current(train_args)  # the ranks get the current names: one notice, here
     if ns.nproc_per_node < 1:
         raise ConfigError(f"-n {ns.nproc_per_node}: need at least one rank per node")
-    if ns.nnodes < 1 or not 0 <= ns.node_rank < ns.nnodes:
-        raise ConfigError(f"--node_rank {ns.node_rank} must be in 0..{ns.nnodes - 1} (--nnodes {ns.nnodes})")
-    if ns.nnodes > 1 and not (ns.master_addr and ns.master_port):
+    nodes = parse_nnodes(ns.nnodes)
+    if not 0 <= ns.node_rank < nodes.max:
+        raise ConfigError(f"--node_rank {ns.node_rank} must be in 0..{nodes.max - 1} (--nnodes {ns.nnodes})")
+    if nodes.max > 1 and not (ns.master_addr and ns.master_port):
         raise ConfigError("--nnodes > 1 needs --master_addr (node 0's address reachable from every node) and "
                           "--master_port, the same on every node")
-    if not 0 <= ns.master_port < 65536:
+    if not 0 <= ns.master_port < 65535:  # elastic: --master_port + 1 is the membership service's
         raise ConfigError(f"--master_port {ns.master_port} is not a TCP port")
     if ns.max_restarts < 0:
         raise ConfigError(f"--max_restarts {ns.max_restarts} must be >= 0")
     # Fail here, once, rather than in N ranks; a mistyped launcher option gets its did-you-mean too.
     launcher_options = [o[2:] for o in parser._option_string_actions if o.startswith("--")]  # pylint: disable=protected-access
     cfg = config.parse(train_args, suggest_also=launcher_options)
-    startup.run_checks(cfg, ns.nproc_per_node * ns.nnodes, startup.OPTION_CHECKS)
-    return Plan(ns.nproc_per_node, ns.nnodes, ns.node_rank, ns.master_addr or "127.0.0.1", ns.master_port,
+    if ns.wait_for_nodes < 0:
+        raise ConfigError(f"--wait_for_nodes {ns.wait_for_nodes} must be >= 0")
+    # The batch is cut for MAX nodes' ranks whatever the world size (MSDIST_BATCH_SLOTS): checked for those.
+    startup.run_checks(cfg, ns.nproc_per_node * nodes.max, startup.OPTION_CHECKS)
+    return Plan(ns.nproc_per_node, nodes.min, ns.node_rank, ns.master_addr or "127.0.0.1", ns.master_port,
                 ns.max_restarts, StallPolicy.from_options(vars(cfg)), list(train_args),
                 os.path.abspath(cfg.output_dir), cfg.data_dir, ns.plan, ns.host_root,
-                preemption.parse_signal(cfg.preempt_signal))
+                preemption.parse_signal(cfg.preempt_signal), nodes.max, ns.wait_for_nodes)
+
+
+def show_plan(plan: Plan) -> int:
+    """`msdist.launch --plan`: run `msdist.check --plan` for each local rank, with the variables that rank
+    would get (port 0: the one picked at start); start nothing. Returns the worst exit status."""
+    codes = [subprocess.run([sys.executable, "-m", "msdist.check", "--plan", "--host_root", plan.host_root,
+                             *plan.train_args], check=False,
+                            env=dict(os.environ, **worker_env(plan, i, plan.master_addr, plan.master_port)),
+                            stdin=subprocess.DEVNULL).returncode for i in range(plan.nproc)]
+    return max(codes)
 
 
 @cli_main
@@ -74,7 +93,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return show_plan(plan)
     # Paths are this node's: named once here, before any rank starts, not by every rank after start-up.
     startup.run_checks(config.parse(plan.train_args), plan.world_size, startup.PATH_CHECKS)
-    return run(plan)
+    return run(plan, elastic.supervise) if plan.max_nodes > plan.nnodes else run(plan)
 
 
 if __name__ == "__main__":

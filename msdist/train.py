@@ -73,7 +73,7 @@ def train(started: startup.Started) -> int:
     if replaced:
         _logger.warning("overwrite: moved the previous run in %s to %s", cfg.output_dir, replaced)
     build.seed_everything(cfg.seed)
-    data = build.load_data(cfg, dist, collectives, started.rt)
+    data = build.load_data(cfg, dist, collectives, started.rt, started.batch_slots)
     if dist.is_main:
         config.save(cfg, os.path.join(cfg.output_dir, "config.yaml"))
     beat.enter("compile")

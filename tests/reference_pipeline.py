@@ -111,12 +111,12 @@ def train_dataset(split, spec, epoch, skip_steps=0):
     from mindspore.dataset import vision
 
     batch_size, image_size, seed, shuffle = spec.batch_size, spec.image_size, spec.seed, spec.shuffle
-    augment, padding, world_size, rank = spec.augment, spec.padding, spec.world_size, spec.rank
+    augment, padding, slots, owned = spec.augment, spec.padding, spec.layout.slots, spec.layout.owned
     global_batch, workers, reg = spec.global_batch, spec.workers, spec.regularization
-    steps = plan.rank_steps(len(split), global_batch, epoch, seed, shuffle, world_size, rank, skip_steps)
+    steps = plan.rank_steps(len(split), global_batch, epoch, seed, shuffle, slots, owned, skip_steps)
     mixes = None
     if reg.mixing:
-        partners, mixes = plan.rank_partners(len(split), global_batch, epoch, seed, shuffle, world_size, rank,
+        partners, mixes = plan.rank_partners(len(split), global_batch, epoch, seed, shuffle, slots, owned,
                                              skip_steps, reg.mixup, reg.cutmix)
         steps = np.concatenate([steps, partners], axis=1)
     sampler = ds.SubsetSampler([split.positions[i] for i in steps.reshape(-1).tolist()])

@@ -31,6 +31,15 @@ class LaunchEnv:
     launcher: str = ""     # who set the variables: msdist.launch, msrun, mpirun, srun, env
 
 
+# The batch layout of a fresh job (run/options.py `batch_slots`): how many ranks its global batch is cut for. A
+# launcher that may run the job on fewer ranks later sets it to the most it will have (msdist.launch --nnodes MIN:MAX:
+# MAX nodes x ranks per node); a resumed job keeps its checkpoint's layout whatever this says.
+BATCH_SLOTS_VAR = "MSDIST_BATCH_SLOTS"
+# Set by msdist.launch in every rank of an elastic job: `--resume auto` restores rank 0's newest good checkpoint on
+# every rank (run/resume_point.py). A rank's own files may be from an older membership (a node that comes back finds
+# its rank's files from before it was lost), and "the newest step all ranks have" would go back to them.
+RESUME_FROM_RANK0_VAR = "MSDIST_RESUME_FROM_RANK0"
+
 # Where `detect_launch` reads each launcher's rank, world size and local rank (msdist.check --plan says it).
 RANK_SOURCES = {
     "": "none: one process",

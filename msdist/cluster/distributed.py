@@ -373,25 +373,3 @@ def check_replicas_identical(collectives: Collectives, net, when: str) -> None:
                            "replicas have diverged - check that every rank runs the same config and seed")
 
 
-def unify_bn_stats(net, collectives: Collectives, mode: str) -> None:
-    """Make the ranks' BatchNorm running statistics one model (`--dist_bn`), in place.
-
-    Without sync_bn every rank's running mean/variance follow its own shard. Before an evaluation
-    or a checkpoint they become one model: "reduce" = the mean over ranks, "broadcast" = rank 0's,
-    "none" = left per rank. The values travel exactly (float64 through `Collectives.gather`) and
-    every rank computes the same float64 mean in the same order, so the result is bitwise equal on
-    every rank.
-    """
-    if mode == "none" or collectives.world_size == 1:
-        return
-    import mindspore as ms
-    stats = [p for p in net.get_parameters() if p.name.rsplit(".", 1)[-1] in ("moving_mean", "moving_variance")]
-    if not stats:
-        return
-    local = np.concatenate([p.asnumpy().astype(np.float64).ravel() for p in stats])
-    ranks = collectives.gather(local)
-    unified = ranks.mean(axis=0) if mode == "reduce" else ranks[0]
-    offset = 0
-    for p in stats:
-        p.set_data(ms.Tensor(unified[offset:offset + p.size].reshape(p.shape).astype(np.float32)))
-        offset += p.size

@@ -34,6 +34,7 @@ class Failure:
     silent_since: float = 0.0        # a stalled rank's last sign of life (heartbeat or spawn), time.time()
     user_error: bool = False         # `msdist: error: ...`: bad option, config or data
     requeue: bool = False            # not a failure: every rank saved on a preemption and exited for a requeue
+    reform: bool = False             # not a failure: an elastic job's membership changes (msdist.cluster.elastic)
     seen_at: float = field(default_factory=time.monotonic)   # when the launcher noticed
     stall: Optional[heartbeat.Stall] = None   # a job that stopped making progress: its own account
 

@@ -202,9 +202,13 @@ class Forwarder:
 
     def _on_signal(self, signum, _frame) -> None:
         if self.requested_at is None:
-            self.requested_at = time.monotonic()
+            self.request()
         elif time.monotonic() - self.requested_at > REPEAT_S:
             self.stop(signum)
+
+    def request(self) -> None:
+        """Preemption asked for without a signal (an elastic job admitting a node: msdist.cluster.elastic)."""
+        self.requested_at = time.monotonic()
 
     def forward(self, pids: Sequence[int]) -> None:
         """Once preemption is requested: pass the signal on to each of `pids` not told yet."""

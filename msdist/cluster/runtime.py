@@ -172,11 +172,12 @@ def _source_fingerprint() -> str:
 
 
 def compile_cache_dir(output_dir: str, config_hash: str, world_size: int, num_classes: int,
-                      device_target: str = "CPU", amp_level: str = "O0") -> str:
+                      device_target: str = "CPU", amp_level: str = "O0", batch_slots: int = 0) -> str:
     """Where MindSpore keeps this run's compiled graphs.
 
     The folder name hashes everything a compiled graph depends on: the config (model, image size,
-    batch, the amp level as given...), the world size, the class count (the classifier's shape, which
+    batch, the amp level as given...), the world size and the batch layout (`batch_slots`, 0 = one slot per
+    rank: micro-batches per step and their size), the class count (the classifier's shape, which
     comes from the data unless set), the resolved device target and amp level (a CPU graph is no GPU
     graph, and `auto` means O0 on one and O2 on the other), the MindSpore version and msdist's own
     sources. Changing any of them selects a fresh folder, so a stale graph is never loaded.
@@ -186,7 +187,7 @@ def compile_cache_dir(output_dir: str, config_hash: str, world_size: int, num_cl
         ms_version = version("mindspore")
     except PackageNotFoundError:
         ms_version = "none"
-    key = (f"{config_hash}|world {world_size}|classes {num_classes}|device {device_target}|amp {amp_level}|mindspore {ms_version}|"
+    key = (f"{config_hash}|world {world_size}|slots {batch_slots or world_size}|classes {num_classes}|device {device_target}|amp {amp_level}|mindspore {ms_version}|"
            f"{_source_fingerprint()}")
     return os.path.join(output_dir, "compile_cache", hashlib.sha256(key.encode()).hexdigest()[:16])
 

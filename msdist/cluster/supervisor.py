@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from msdist.base.errors import ConfigError
 from msdist.base.files import rank_log_path
@@ -53,7 +53,7 @@ _USER_ERROR_EXIT = 2             # msdist.base.cli.cli_main's status for a UserE
 _MAX_RESPAWNS = 2                # per rank and attempt; then the attempt fails (--max_restarts: a new port)
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
     print(f"msdist.launch: {message}", file=sys.stderr, flush=True)
 
 
@@ -75,6 +75,8 @@ class Plan:
     show_plan: bool = False      # --plan: print each local rank's `msdist.check --plan` and start nothing
     host_root: str = "/"         # --plan's --host_root: where the GPU facts are read
     preempt_signal: int = signal.SIGTERM   # the train option --preempt_signal: passed on to the ranks
+    max_nodes: int = 0           # --nnodes MIN:MAX's MAX (msdist.cluster.elastic when above nnodes)
+    wait_for_nodes: float = 30.0  # --wait_for_nodes: elastic node 0 waits this long for more than MIN nodes
 
     @property
     def world_size(self) -> int:
@@ -116,16 +118,6 @@ def worker_env(plan: Plan, local_rank: int, host: str, port: int) -> Dict[str, s
     return {**rendezvous.cluster_env(host, port, plan.world_size), "MS_ROLE": "MS_WORKER",
             "MS_NODE_ID": str(plan.global_rank(local_rank)), "MSDIST_LOCAL_RANK": str(local_rank),
             "MSDIST_LOCAL_WORLD_SIZE": str(plan.nproc)}
-
-
-def show_plan(plan: Plan) -> int:
-    """`msdist.launch --plan`: run `msdist.check --plan` for each local rank, with the variables that rank
-    would get (port 0: the one picked at start); start nothing. Returns the worst exit status."""
-    codes = [subprocess.run([sys.executable, "-m", "msdist.check", "--plan", "--host_root", plan.host_root,
-                             *plan.train_args], check=False,
-                            env=dict(os.environ, **worker_env(plan, i, plan.master_addr, plan.master_port)),
-                            stdin=subprocess.DEVNULL).returncode for i in range(plan.nproc)]
-    return max(codes)
 
 
 def _spawn_worker(plan: Plan, local_rank: int, host: str, port: int, train_args: List[str]) -> _Worker:
@@ -219,12 +211,14 @@ def _pick_port(plan: Plan, attempt: int) -> int:
 
 
 def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[str, str],
-                forwarder: preemption.Forwarder) -> Optional[Failure]:
+                forwarder: preemption.Forwarder, watch: Optional[Callable[[List[_Worker]], Optional[Failure]]] = None
+                ) -> Optional[Failure]:
     """Run every local rank to the end; return None on success or the first failure seen (or the requeue).
 
     Args:
         joined: carried across attempts: the scheduler generation this node last joined.
         forwarder: passes a preemption signal on to the ranks.
+        watch: called with the workers at each poll; a Failure it returns ends the attempt (elastic: a node lost).
     """
     port = _pick_port(plan, attempt)
     scheduler, workers, joining = None, [], None
@@ -246,13 +240,16 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[st
         joined["generation"] = rendezvous.read_generation(plan.log_dir)
         workers = [_spawn_worker(plan, i, plan.master_addr, port, train_args) for i in range(plan.nproc)]
         ranks = ", ".join(f"rank {w.rank} pid {w.proc.pid}" for w in workers)
-        _say(f"attempt {attempt + 1}: started {ranks} (world size {plan.world_size}, node {plan.node_rank}); "
+        say(f"attempt {attempt + 1}: started {ranks} (world size {plan.world_size}, node {plan.node_rank}); "
              f"logs in {plan.log_dir}")
         # Every rank's beat, other nodes' too when --output_dir is shared: they say where the others wait.
         progress = heartbeat.Tracker({r: heartbeat.path_for(plan.log_dir, r) for r in range(plan.world_size)},
                                      pids={w.rank: w.proc.pid for w in workers})
         while True:
             forwarder.forward([w.proc.pid for w in workers])
+            failure = watch(workers) if watch else None
+            if failure is not None:
+                return failure
             failures = [f for f in (_check_worker(w, plan) for w in workers) if f is not None]
             if failures:
                 return with_cluster_cause(first_cause(failures), scheduler, plan.log_dir)
@@ -300,7 +297,7 @@ class _Joining:
             if not local or workers[local[0]].respawns >= _MAX_RESPAWNS:
                 return Failure(rank, line)
             old = workers[local[0]]
-            _say(f"{line}; respawning it with the same node id ({old.respawns + 1} of {_MAX_RESPAWNS})")
+            say(f"{line}; respawning it with the same node id ({old.respawns + 1} of {_MAX_RESPAWNS})")
             _signal_group(old.proc, signal.SIGKILL)
             old.proc.wait()
             new = _spawn_worker(self.plan, rank - self.plan.global_rank(0), self.plan.master_addr, port, train_args)
@@ -327,9 +324,9 @@ def _dump_stacks(workers: List[_Worker], log_dir: str, why: str) -> None:
     time.sleep(_STACK_DUMP_S)
 
 
-def _report(failure: Failure, stopped_in_s: float, log_dir: str) -> None:
+def report_failure(failure: Failure, stopped_in_s: float, log_dir: str) -> None:
     heartbeat.write_failure(log_dir, failure.record())
-    _say(f"{failure.summary()}; stopped all processes in {stopped_in_s:.1f} s")
+    say(f"{failure.summary()}; stopped all processes in {stopped_in_s:.1f} s")
     for line in failure.tail:
         print(f"  rank {failure.rank} | {line}", file=sys.stderr, flush=True)
 
@@ -345,29 +342,29 @@ def supervise(plan: Plan, forwarder: preemption.Forwarder) -> int:
     for attempt in range(plan.max_restarts + 1):
         if attempt:
             train_args = plan.train_args + ["--resume", "auto"]
-            _say(f"restart {attempt} of {plan.max_restarts}: starting the ranks again with --resume auto")
+            say(f"restart {attempt} of {plan.max_restarts}: starting the ranks again with --resume auto")
         began = time.monotonic()
         failure = run_attempt(plan, train_args, attempt, joined, forwarder)
         if failure is None:
-            _say(f"all ranks finished in {time.monotonic() - began:.0f} s")
+            say(f"all ranks finished in {time.monotonic() - began:.0f} s")
             return 0
         if failure.requeue:
-            _say(failure.summary())
+            say(failure.summary())
             return preemption.REQUEUE_EXIT
-        _report(failure, time.monotonic() - failure.seen_at, plan.log_dir)
+        report_failure(failure, time.monotonic() - failure.seen_at, plan.log_dir)
         if failure.user_error:
             # Running again cannot fix it, and --resume auto could even hide it (e.g. an output_dir
             # that holds another run's checkpoints).
-            _say("not restarting: fix the error above first")
+            say("not restarting: fix the error above first")
             return 1
         if forwarder.requested_at is not None:
-            _say("not restarting: the job is being preempted")
+            say("not restarting: the job is being preempted")
             return 1
     spent = f" after {plan.max_restarts} restart(s)" if plan.max_restarts else ""
     # MindSpore ends ranks whose peer on another node vanished (~30 s), so the cause may be elsewhere.
     elsewhere = "; with several nodes the first failure may be on another node: see its launcher" \
         if plan.nnodes > 1 else ""
-    _say(f"FAILED{spent}: {failure.summary()}{elsewhere}")
+    say(f"FAILED{spent}: {failure.summary()}{elsewhere}")
     return 1
 
 
@@ -378,9 +375,10 @@ def _raise_stop(signum, _frame=None):
     raise _Stop(signum)
 
 
-def run(plan: Plan) -> int:
-    """Supervise the job `plan` describes until it ends; the preemption signal is passed on to the ranks, a second
-    one, Ctrl-C (or SIGTERM when it is not the preemption signal) stop every process it started."""
+def run(plan: Plan, supervisor: Callable[[Plan, preemption.Forwarder], int] = supervise) -> int:
+    """Supervise the job `plan` describes until it ends (with `supervisor`: elastic.supervise for --nnodes MIN:MAX);
+    the preemption signal is passed on to the ranks, a second one, Ctrl-C (or SIGTERM when it is not the
+    preemption signal) stop every process it started."""
     # MindSpore's cluster accepts only literal IPs: a host name is resolved here, once, for every rank.
     # Other nodes may start before node 0's name is in DNS (Kubernetes), so they retry for a few seconds.
     plan = dataclasses.replace(plan, master_addr=rendezvous.resolve_host(
@@ -392,7 +390,7 @@ def run(plan: Plan) -> int:
     forwarder = preemption.Forwarder(plan.preempt_signal, _raise_stop)
     forwarder.install()
     try:
-        return supervise(plan, forwarder)
+        return supervisor(plan, forwarder)
     except _Stop as stop:  # run_attempt's cleanup has already stopped everything
-        _say(f"stopped by {stop}; all processes it started are gone")
+        say(f"stopped by {stop}; all processes it started are gone")
         return 128 + stop.signum

@@ -245,7 +245,8 @@ class TrainInput:
         seed, shuffle: the epoch order (`plan.epoch_permutation`) and every per-sample random choice.
         augment, padding: the padded random crop and flip.
         workers: dataset workers (clipped to the host's cores when the dataset is built).
-        world_size, rank: which shard of each global batch this rank reads.
+        layout: which shards ("slots") of each global batch this rank reads (`plan.BatchLayout`); one per rank
+            unless the job changed its world size.
         regularization: the options beyond crop and flip; with random_resized, the crop applies only
             when `augment` is on.
     """
@@ -256,14 +257,13 @@ class TrainInput:
     augment: bool
     padding: int
     workers: int
-    world_size: int = 1
-    rank: int = 0
+    layout: plan.BatchLayout = plan.BatchLayout()
     regularization: Regularization = Regularization()
 
     @property
     def batch_size(self) -> int:
-        """This rank's share of each global batch."""
-        return plan.per_rank_batch(self.global_batch, self.world_size)
+        """This rank's share of each global batch: the slots it owns, side by side."""
+        return self.layout.rank_batch(self.global_batch)
 
 
 def build_train_dataset(split: Split, spec: TrainInput, epoch: int, skip_steps: int = 0) -> Batches:
@@ -276,12 +276,12 @@ def build_train_dataset(split: Split, spec: TrainInput, epoch: int, skip_steps: 
 
     reg, augment, image_size = spec.regularization, spec.augment, spec.image_size
     workers = usable_workers(spec.workers)
-    steps = plan.rank_steps(len(split), spec.global_batch, epoch, spec.seed, spec.shuffle, spec.world_size, spec.rank,
-                            skip_steps)
+    slots, owned = spec.layout.slots, spec.layout.owned
+    steps = plan.rank_steps(len(split), spec.global_batch, epoch, spec.seed, spec.shuffle, slots, owned, skip_steps)
     mixes = None
     if reg.mixing:
         partners, mixes = plan.rank_partners(len(split), spec.global_batch, epoch, spec.seed, spec.shuffle,
-                                             spec.world_size, spec.rank, skip_steps, reg.mixup, reg.cutmix)
+                                             slots, owned, skip_steps, reg.mixup, reg.cutmix)
         steps = np.concatenate([steps, partners], axis=1)   # the partners are read right after the step's own
     files = [split.files[i] for i in steps.reshape(-1)]
     data = reader(split, steps.reshape(-1), workers)

@@ -5,6 +5,8 @@ Pure Python and NumPy (no MindSpore), so every property is testable on its own:
 * N ranks train on exactly the single-card batches: at global step s the N shards together are the
   single-card batch s. `train_indices` cuts one per-epoch permutation (same seed on every rank) into
   global batches and deals each batch out by rank;
+* a job keeps its batch layout when its world size changes (`BatchLayout`): the global batch is cut into
+  the shards of its original ranks ("slots"), and each rank trains the slots it owns as micro-batches;
 * evaluation sees every Test image exactly once over all ranks (no padding, nothing dropped);
 * every random choice is a pure function: per sample of (seed, epoch, sample), per batch-mixing of
   (seed, epoch, global step). So augmentation is the same on 1 or N cards, after a restart, and
@@ -13,7 +15,7 @@ Pure Python and NumPy (no MindSpore), so every property is testable on its own:
 import numpy as np
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 from msdist.base.errors import ConfigError, DataError
 
@@ -44,6 +46,49 @@ def micro_batch_size(per_rank_batch: int, accum_steps: int) -> int:
                           f"{accum_steps} equal micro-batches; make batch_size a multiple of world size x "
                           "grad_accum_steps")
     return per_rank_batch // accum_steps
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """How one optimizer step's global batch is cut, and which part this rank trains.
+
+    The global batch is `slots` slots: slot s holds exactly the images rank s of a job of `slots` ranks
+    trains on (`train_indices`). Rank r of `world_size` owns slots r, r + world_size, ... and runs them as
+    micro-batches of one optimizer step. With slots == world_size that is one slot per rank: plain data
+    parallelism. A job started for more ranks than it has now (its nodes shrank, or it grew back) keeps
+    the sample order, the per-micro-batch BatchNorm statistics and the global batch of the original job.
+    slots >= world_size (`run/options.batch_slots` sees to it).
+    """
+    slots: int = 1
+    world_size: int = 1
+    rank: int = 0
+
+    @property
+    def owned(self) -> Tuple[int, ...]:
+        """The slots this rank trains, in the order it runs them."""
+        return tuple(range(self.rank, self.slots, self.world_size))
+
+    @property
+    def even(self) -> bool:
+        """Whether every rank owns as many slots (then every rank runs as many micro-batches)."""
+        return self.slots % self.world_size == 0
+
+    def slot_batch(self, global_batch: int) -> int:
+        return per_rank_batch(global_batch, self.slots)
+
+    def rank_batch(self, global_batch: int) -> int:
+        """The images this rank reads per optimizer step: its slots' together."""
+        return len(self.owned) * self.slot_batch(global_batch)
+
+    def micro_steps(self, accum_steps: int) -> int:
+        """Micro-batches this rank runs per optimizer step: `accum_steps` per slot it owns."""
+        return len(self.owned) * accum_steps
+
+    def gradient_scale(self, accum_steps: int) -> float:
+        """What this rank's summed micro-batch gradients (and losses) are multiplied by before the mean over
+        ranks: world_size / (slots x accum_steps), so that the mean is every micro-batch's mean on every
+        rank, whatever number of slots each rank owns. 1 / accum_steps when slots == world_size, exactly."""
+        return self.world_size / (self.slots * accum_steps)
 
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -149,21 +194,22 @@ def mix_for_step(seed: int, epoch: int, step: int, global_batch: int, mixup: flo
     return Mix(lam, partner, box)
 
 
-def rank_steps(num_samples: int, global_batch: int, epoch: int, seed: int, shuffle: bool, world_size: int,
-               rank: int, skip_steps: int = 0) -> np.ndarray:
-    """(steps, per-rank batch) samples this rank trains on at each step of the epoch from `skip_steps` on."""
-    batch = per_rank_batch(global_batch, world_size)
-    return train_indices(num_samples, global_batch, epoch, seed, shuffle, world_size, rank).reshape(-1, batch)[
-        skip_steps:]
+def rank_steps(num_samples: int, global_batch: int, epoch: int, seed: int, shuffle: bool, slots: int,
+               owned: Sequence[int], skip_steps: int = 0) -> np.ndarray:
+    """(steps, images per step) samples this rank trains on at each step of the epoch from `skip_steps` on:
+    the `owned` slots' shards of a `slots`-way split, side by side in that order."""
+    batch = per_rank_batch(global_batch, slots)
+    return np.concatenate([train_indices(num_samples, global_batch, epoch, seed, shuffle, slots, s).reshape(-1, batch)
+                           for s in owned], axis=1)[skip_steps:]
 
 
-def rank_partners(num_samples: int, global_batch: int, epoch: int, seed: int, shuffle: bool, world_size: int,
-                  rank: int, skip_steps: int, mixup: float, cutmix: float):
-    """The partners of this rank's samples, (steps, per-rank batch), and each step's Mix."""
+def rank_partners(num_samples: int, global_batch: int, epoch: int, seed: int, shuffle: bool, slots: int,
+                  owned: Sequence[int], skip_steps: int, mixup: float, cutmix: float):
+    """The partners of this rank's samples, laid out as `rank_steps`' (steps, images per step), and each step's Mix."""
     order = train_indices(num_samples, global_batch, epoch, seed, shuffle, 1, 0).reshape(-1, global_batch)
     partners, mixes = [], []
     for step in range(skip_steps, len(order)):
         mix = mix_for_step(seed, epoch, step, global_batch, mixup, cutmix)
-        partners.append(order[step][mix.partner[rank::world_size]])
+        partners.append(np.concatenate([order[step][mix.partner[s::slots]] for s in owned]))
         mixes.append(mix)
-    return np.array(partners, dtype=np.int64).reshape(-1, global_batch // world_size), mixes
+    return np.array(partners, dtype=np.int64).reshape(-1, len(owned) * (global_batch // slots)), mixes

@@ -6,7 +6,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from models import DEFAULT_CONVENTION
-from msdist.engine import buckets, loss_scale
+from msdist.engine import bn_stats, buckets, loss_scale
 from msdist.engine.loss import SparseCrossEntropy
 
 
@@ -98,23 +98,44 @@ def _zero_if_flag(flag, grad):
     return ops.select(ops.broadcast_to(flag, grad.shape), ops.zeros_like(grad), grad)
 
 
-class _ApplyAccumulated(nn.Cell):
-    """Average the accumulated gradients and losses, reduce the gradients over ranks once, step the optimizer,
-    clear the buffers; the mean loss."""
+class _RunEveryStep(nn.Cell):
+    """A cell launched every step, whose launch skips MindSpore's per-run compile check while its inputs keep the
+    shapes and dtypes of the last compile.
+
+    `Cell.__call__` compiles before every run (mindspore/nn/cell.py:1800, in `compile_and_run`). On a cache hit
+    that check still sets `compile_phase` on every sub-cell, recursively (mindspore/graph/api.py:2331-2332, the
+    setter at nn/cell.py:520-527): ~190 us a step for ResNet-18's 77 cells on this host, and ResNet-50's step
+    has 160. The graph a run executes is the one `arguments_key` names (graph/api.py:2450-2452 through
+    `_real_phase`, 144-146), which only a compile sets (graph/api.py:2323), so skipping a compile whose inputs
+    match the last one runs the same graph.
+    """
+
+    _compiled_for = None   # (shape, dtype) of each input at the last compile
+
+    def compile(self, *args):
+        signature = tuple((arg.shape, arg.dtype) for arg in args)
+        if signature != self._compiled_for:
+            super().compile(*args)
+            self._compiled_for = signature
+
+
+class _ApplyAccumulated(_RunEveryStep):
+    """Scale the accumulated gradients and losses (`scale`: the mean over micro-batches), reduce the gradients over
+    ranks once, step the optimizer, clear the buffers; the scaled loss."""
 
     def __init__(self, accumulated: ParameterTuple, loss_sum: Parameter, loss_total: Parameter, update: ScaledUpdate,
-                 accum_steps: int):
+                 scale: float):
         super().__init__(auto_prefix=False)
         self.accumulated = accumulated
         self.loss_sum = loss_sum
         self.loss_total = loss_total
         self.update = update
-        self.inv_steps = 1.0 / accum_steps
+        self.scale = scale
         self.hyper_map = ops.HyperMap()
 
     def construct(self):
-        grads = self.hyper_map(ops.partial(_scaled_cast, self.inv_steps, mstype.float32), self.accumulated)
-        loss = self.loss_sum * self.inv_steps
+        grads = self.hyper_map(ops.partial(_scaled_cast, self.scale, mstype.float32), self.accumulated)
+        loss = self.loss_sum * self.scale
         done = self.update(grads, loss)
         # Auto-monad keeps side effects in program order: the buffers are read above, cleared here.
         loss = ops.depend(loss, self.hyper_map(_clear, self.accumulated))
@@ -122,7 +143,7 @@ class _ApplyAccumulated(nn.Cell):
         return ops.depend(loss, ops.assign_add(self.loss_total, loss))
 
 
-class _MicroBatches(nn.Cell):
+class _MicroBatches(_RunEveryStep):
     """A batch split into equal micro-batches on the device, in one compiled launch (no copy through the host)."""
 
     def __init__(self, parts: int):
@@ -149,15 +170,16 @@ def _clear_buffer(buffer):
     return ops.assign(buffer, ops.zeros_like(buffer))
 
 
-class TrainStep(nn.Cell):
+class TrainStep(_RunEveryStep):
     """Forward, backward with the loss scale, gradient reduction over ranks, optimizer update.
 
     With `accum_steps` > 1 one optimizer step covers that many micro-batches and one gradient
     reduction: calling the cell runs one micro-batch (forward, backward, gradients added to float32
-    buffers) and returns its loss, and a compiled apply step averages the buffers, reduces them over
-    ranks, updates the weights and clears the buffers. The buffers hold partial sums between
-    micro-batches only, so checkpoints (taken between optimizer steps) skip them. `train_on` runs one
-    optimizer step either way.
+    buffers) and returns its loss, and a compiled apply step scales the buffers by `grad_scale`, reduces
+    them over ranks, updates the weights and clears the buffers. Only the apply step has a collective
+    (without SyncBatchNorm), so ranks running different numbers of micro-batches stay in step. The buffers
+    hold partial sums between micro-batches only, so checkpoints (taken between optimizer steps) skip them.
+    `train_on` runs one optimizer step either way.
 
     Args:
         net: the model.
@@ -166,35 +188,46 @@ class TrainStep(nn.Cell):
         scaler: `loss_scale.LossScaler`, fixed or dynamic; a dynamic scale changes only in the update.
         reducer: cell mapping the gradient tuple to its cross-rank mean (`reducers.create_reducer`); None on
             a single rank.
-        accum_steps: micro-batches per optimizer step.
+        accum_steps: micro-batches per optimizer step on this rank.
+        grad_scale: what the summed micro-batch gradients and losses are multiplied by before the mean over ranks;
+            None = 1 / accum_steps, their mean. A rank owning k of a job's S batch slots (`plan.BatchLayout`) passes
+            world_size / (S x accum per slot), so the mean over ranks is every micro-batch's mean; a scale other
+            than 1 accumulates even a single micro-batch.
+        slots_owned: the batch slots the micro-batches belong to, in equal consecutive groups; each slot after the
+            first has its own BatchNorm running statistics, swapped in for its micro-batches (`slot_stats`).
     """
 
-    def __init__(self, net, loss_fn, optimizer, scaler, reducer=None, accum_steps: int = 1):
+    def __init__(self, net, loss_fn, optimizer, scaler, reducer=None, accum_steps: int = 1,
+                 grad_scale: Optional[float] = None, slots_owned: int = 1):
         super().__init__(auto_prefix=False)
         self.net_with_loss = nn.WithLossCell(net, loss_fn)
         self.weights = optimizer.parameters
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
         self.scaler = scaler
         self.accum_steps = accum_steps
+        grad_scale = 1.0 / accum_steps if grad_scale is None else grad_scale
+        self.accumulates = accum_steps > 1 or grad_scale != 1.0
+        self.slot_stats = bn_stats.SlotStatistics(net, slots_owned)
+        self.steps_per_slot = accum_steps // slots_owned
         update = ScaledUpdate(optimizer, reducer, scaler)
         # Unchecked (float32, fixed scale): no step checks, so the log steps read whether the weights are finite.
         self.finite_weights = None if scaler.checked else loss_scale.FiniteWeights(self.weights)
         self.loss_total = Parameter(Tensor(0.0, mstype.float32), name="loss_total", requires_grad=False)
         self.losses = LossAccumulator(self.loss_total)
-        if accum_steps == 1:
+        if not self.accumulates:
             self.update = update
         else:
             self.accumulated = ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"accum.{p.name}",
                                                          requires_grad=False) for p in self.weights])
             self.loss_sum = Parameter(Tensor(0.0, mstype.float32), name="accum.loss", requires_grad=False)
             self.hyper_map = ops.HyperMap()
-            self.apply_step = _ApplyAccumulated(self.accumulated, self.loss_sum, self.loss_total, update, accum_steps)
+            self.apply_step = _ApplyAccumulated(self.accumulated, self.loss_sum, self.loss_total, update, grad_scale)
             self.micro_batches = _MicroBatches(accum_steps)
 
     def construct(self, images, labels):
         loss = self.net_with_loss(images, labels)
         grads = self.grad(self.net_with_loss, self.weights)(images, labels, self.scaler.sens(loss))
-        if self.accum_steps == 1:
+        if not self.accumulates:
             loss = ops.depend(loss, self.update(grads, loss))
             return ops.depend(loss, ops.assign_add(self.loss_total, ops.cast(loss, mstype.float32)))
         loss = ops.depend(loss, ops.assign_add(self.loss_sum, ops.cast(loss, mstype.float32)))
@@ -203,17 +236,21 @@ class TrainStep(nn.Cell):
     def compile(self, images, labels):
         """Compile the step for these (micro-)batch shapes, and the apply step when accumulating."""
         super().compile(images, labels)
-        if self.accum_steps > 1:
+        if self.accumulates:
             self.apply_step.compile()
 
     def train_on(self, images, labels):
         """One optimizer step on this rank's batch (split into `accum_steps` micro-batches on the device); the
         mean loss, a device Tensor, also added to `losses` on the device."""
         self.losses.step_done()
-        if self.accum_steps == 1:
+        if not self.accumulates:
             return self(images, labels)
-        for micro_images, micro_labels in zip(*self.micro_batches(images, labels)):
-            self(micro_images, micro_labels)
+        micro = list(zip(*self.micro_batches(images, labels)))
+        for slot in range(len(micro) // self.steps_per_slot):
+            self.slot_stats.swap(slot)
+            for micro_images, micro_labels in micro[slot * self.steps_per_slot:(slot + 1) * self.steps_per_slot]:
+                self(micro_images, micro_labels)
+            self.slot_stats.swap(slot)  # the network's own (its first slot's) back
         return self.apply_step()
 
 

@@ -3,7 +3,6 @@ everything that trains it (`build_model`). `trainer.Trainer` runs them; `msdist.
 data check (`checked_classes`).
 """
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Dict, Sequence, Tuple
@@ -46,8 +45,12 @@ def checked_classes(cfg, dist, collectives) -> Tuple[Dict[str, int], Sequence[st
     return pipeline.class_map(cfg.data_dir), excluded
 
 
-def load_data(cfg, dist, collectives, rt) -> Data:
-    """Check the tree, list both splits, plan the epoch; log the run's shape."""
+def load_data(cfg, dist, collectives, rt, batch_slots: int) -> Data:
+    """Check the tree, list both splits, plan the epoch; log the run's shape.
+
+    Args:
+        batch_slots: the job's batch layout (`options.batch_slots`, resolved at start-up).
+    """
     with alike_on_every_rank():  # every rank checks the same tree (each decodes a slice, all agree)
         classes, excluded = checked_classes(cfg, dist, collectives)
         train_split = pipeline.list_split(cfg.data_dir, pipeline.TRAIN_SPLIT, classes, exclude=excluded)
@@ -57,13 +60,17 @@ def load_data(cfg, dist, collectives, rt) -> Data:
                             "lower --batch_size")
         test_split = pipeline.list_split(cfg.data_dir, pipeline.TEST_SPLIT, classes, exclude=excluded)
     outputs = options.num_classes(cfg, classes)
-    spec = options.train_input(cfg, dist.world_size, dist.rank, options.workers(cfg, rt), outputs)
+    layout = options.batch_layout(cfg, batch_slots, dist.world_size, dist.rank)
+    spec = options.train_input(cfg, layout, options.workers(cfg, rt), outputs)
+    # Evaluation's per-rank batch: one slot's, the same on every rank (a rank's own share varies when uneven).
     data = Data(classes, train_split, test_split, excluded, outputs, spec, steps,
-                options.eval_batch(cfg, spec.batch_size))
+                options.eval_batch(cfg, layout.slot_batch(cfg.batch_size)))
     _logger.info("world size %d (%s, %s) | global batch %d = %d per rank | %d classes | %d train / %d test images"
                  " | %d steps/epoch (%d left over) | %s", dist.world_size, dist.device_target,
                  dist.backend or "standalone", cfg.batch_size, data.per_rank_batch, len(classes), len(train_split),
                  len(test_split), steps, len(train_split) - steps * cfg.batch_size, rt.summary())
+    if options.describe_layout(cfg, layout):
+        _logger.info("%s", options.describe_layout(cfg, layout))
     return data
 
 
@@ -91,16 +98,11 @@ def seed_everything(seed: int) -> None:
     ms.set_seed(seed)  # same seed on every rank: identical initial weights without a broadcast
 
 
-def checkpoint_place(cfg) -> Tuple[str, str]:
-    """(directory, prefix) of this run's checkpoints."""
-    return os.path.join(cfg.output_dir, "ckpt"), cfg.ckpt_prefix or cfg.model
-
-
 def _convention(cfg, rank: int, source) -> str:
     """How the network pads (models.CONVENTIONS): as the checkpoint --resume restores was built, else as the
     --pretrained weights (`source`) were trained, else MindSpore's."""
     from msdist.run import checkpoint_model
-    resumed = checkpoint_model.resume_meta(cfg.resume, *checkpoint_place(cfg), rank)
+    resumed = checkpoint_model.resume_meta(cfg.resume, *options.checkpoint_place(cfg), rank)
     if resumed:
         return checkpoint_model.meta_convention(resumed)
     return DEFAULT_CONVENTION if source is None else source.convention
@@ -112,7 +114,7 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
 
     from msdist.engine import ema, loss_scale, optim, precision, reducers, step
     from msdist.run import weights
-    plan = options.step_plan(cfg, dist.device_target, dist.world_size)
+    plan = options.step_plan(cfg, dist.device_target, data.train_input.layout)
     precision.warn_if_no_speedup(cfg.amp_level, dist.device_target)
     _logger.info("precision: %s", plan.describe_precision())
     with alike_on_every_rank():  # every rank reads the same file
@@ -126,7 +128,7 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
     if cfg.freeze_backbone:
         weights.freeze_backbone(net)
     net = step.mixed_precision(net, plan.amp_level, plan.amp_dtype)
-    lrs = options.learning_rates(cfg, dist.world_size, data.steps_per_epoch)
+    lrs = options.learning_rates(cfg, data.train_input.layout.slots, data.steps_per_epoch)
     optimizer = optim.create_optimizer(net.trainable_params(), lrs, cfg.momentum, cfg.weight_decay,
                                        cfg.backbone_lr_scale, weights.HEAD_PREFIX)
     gradient_buckets = step.bucket_gradients(net, plan.fusion, dist.world_size)
@@ -137,7 +139,8 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
     # batch_size stays the global batch of one optimizer step; accumulation splits each rank's share.
     micro_batch, size = plan.micro_batch, data.train_input.image_size
     soft_labels = data.train_input.regularization.soft_labels
-    train_step = step.TrainStep(net, step.create_loss(soft_labels), optimizer, scaler, reducer, plan.accum_steps)
+    train_step = step.TrainStep(net, step.create_loss(soft_labels), optimizer, scaler, reducer, plan.accum_steps,
+                                plan.grad_scale, len(data.train_input.layout.owned))
     _logger.info("gradients: %s in %d bucket(s), last layers first (%s MB) | %d micro-batch(es) of %d per rank per "
                  "optimizer step", plan.grad_compression, len(gradient_buckets),
                  "/".join(f"{b.nbytes / 2**20:.1f}" for b in gradient_buckets), plan.accum_steps, micro_batch)

@@ -32,6 +32,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -217,6 +218,15 @@ def list_checkpoints(directory: str, prefix: str, rank: int) -> List[CheckpointI
             continue
         found.append(CheckpointInfo(path, position_of(meta), str(meta["config_hash"])))
     return sorted(found, key=lambda c: c.position.global_step, reverse=True)
+
+
+def ranks_beside(path: str) -> int:
+    """How many ranks' checkpoints at the position of rank file `path` sit in its directory (1 for another name)."""
+    match = re.fullmatch(r"(.+)_rank\d+(-\d+_\d+\.ckpt)", os.path.basename(path))
+    if not match:
+        return 1
+    pattern = f"{glob.escape(match.group(1))}_rank*{glob.escape(match.group(2))}"
+    return len(glob.glob(os.path.join(glob.escape(os.path.dirname(path)), pattern))) or 1
 
 
 def verify(path: str) -> Optional[str]:

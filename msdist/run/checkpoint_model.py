@@ -1,14 +1,15 @@
 """The model's part of a checkpoint: its metadata, and its weights apart from the training state.
 
 The metadata (`model_meta`: model name, class count, input size, normalization, class names, padding
-convention) is what lets eval, predict, export and resume rebuild the same network from the checkpoint
-alone. This module is its one home: how it is made, read (`stored_meta`, `read_meta`, `resume_meta`) and
-interpreted (`meta_convention`). The file layout that carries it (`checkpoint.META_KEY`) is
+convention, and for training checkpoints the batch layout) is what lets eval, predict, export and resume
+rebuild the same network, and the same training, from the checkpoint alone. This module is its one home:
+how it is made, read (`stored_meta`, `read_meta`, `resume_meta`) and interpreted (`meta_convention`,
+`recorded_slots`). The file layout that carries it (`checkpoint.META_KEY`) is
 `checkpoint.py`'s.
 """
 import json
 import os
-from typing import Dict
+from typing import Dict, Optional
 
 from models import DEFAULT_CONVENTION
 from msdist.base.errors import CheckpointError
@@ -16,15 +17,21 @@ from msdist.data import pipeline
 from msdist.run import checkpoint
 
 
-def model_meta(model: str, num_classes: int, image_size: int, classes: Dict[str, int], convention: str) -> dict:
+BATCH_SLOTS_KEY = "batch_slots"
+
+
+def model_meta(model: str, num_classes: int, image_size: int, classes: Dict[str, int], convention: str,
+               batch_slots: Optional[int] = None) -> dict:
     """What a checkpoint must carry to be used on its own: stored by training in every checkpoint.
 
     Args:
         convention: how the network pads (models.CONVENTIONS), so whatever rebuilds it builds the same one.
+        batch_slots: training's batch layout (`plan.BatchLayout.slots`), which a resume at any world size keeps.
     """
-    return {"model": model, "num_classes": num_classes, "image_size": image_size,
+    meta = {"model": model, "num_classes": num_classes, "image_size": image_size,
             "classes": sorted(classes, key=classes.get), "mean": list(pipeline.MEAN), "std": list(pipeline.STD),
             "convention": convention}
+    return meta if batch_slots is None else {**meta, BATCH_SLOTS_KEY: batch_slots}
 
 
 def stored_meta(path: str) -> Dict:
@@ -78,18 +85,34 @@ def read_meta(path: str) -> Dict:
     return meta
 
 
-def resume_meta(resume: str, directory: str, prefix: str, rank: int) -> Dict:
-    """The metadata of the checkpoint `--resume` will restore ({} when there is none to restore).
+def resume_source(resume: str, directory: str, prefix: str, rank: int) -> str:
+    """A checkpoint of the run `--resume` continues, read before the ranks agree on one ("" for a fresh start).
 
-    The network is built before the resume reads the tensors, and must be built as that checkpoint's was
-    (its convention). Every checkpoint of one run shares the metadata, so with `auto` this rank's newest
-    listed one answers, before the ranks agree on which one they restore.
+    The network and the batch layout are made before the resume reads the tensors, and must be made as that
+    run's were. Every checkpoint of one run shares the metadata, so with `auto` this rank's newest listed one
+    answers.
     """
     if resume != "auto":
-        return stored_meta(resume) if resume else {}
+        return resume
     # A grown job's new rank has none of its own: it resumes from rank 0's (resume_point).
     found = checkpoint.list_checkpoints(directory, prefix, rank) or checkpoint.list_checkpoints(directory, prefix, 0)
-    return stored_meta(found[0].path) if found else {}
+    return found[0].path if found else ""
+
+
+def resume_meta(resume: str, directory: str, prefix: str, rank: int) -> Dict:
+    """The metadata of the checkpoint `--resume` will restore ({} when there is none to restore)."""
+    source = resume_source(resume, directory, prefix, rank)
+    return stored_meta(source) if source else {}
+
+
+def recorded_slots(path: str, world_size: int) -> int:
+    """The batch layout (slots) of the run that wrote training checkpoint `path`.
+
+    A checkpoint from before the layout was recorded counts as its own job's world size: the ranks whose files
+    sit beside it at its position; when fewer are there (files copied alone), as this job's, the old behaviour.
+    """
+    recorded = stored_meta(path).get(BATCH_SLOTS_KEY)
+    return int(recorded) if recorded else max(checkpoint.ranks_beside(path), world_size)
 
 
 def training_state_prefixes() -> tuple:

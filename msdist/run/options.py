@@ -6,15 +6,18 @@ plain values. Every fallback of the form "0 = derive it" is decided here, once, 
 derive it differently. The checks over option values and the world size run earlier, in `config.parse`
 and `startup.OPTION_CHECKS`, before MindSpore loads.
 """
+import os
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
+from msdist.base.errors import ConfigError
+from msdist.base.launch_env import BATCH_SLOTS_VAR
 from msdist.cluster import runtime
 from msdist.data import augment, pipeline, plan
 from msdist.engine import optim, precision
-from msdist.run import config
+from msdist.run import checkpoint_model, config
 
 
 def num_classes(cfg, classes: Dict[str, int]) -> int:
@@ -39,24 +42,84 @@ def regularization(cfg, classes: int) -> augment.Regularization:
                                   cfg.label_smoothing, classes)
 
 
-def train_input(cfg, world_size: int, rank: int, workers_per_rank: int, classes: int) -> pipeline.TrainInput:
+def checkpoint_place(cfg) -> Tuple[str, str]:
+    """(directory, prefix) of this run's checkpoints."""
+    return os.path.join(cfg.output_dir, "ckpt"), cfg.ckpt_prefix or cfg.model
+
+
+def resumed_slots(cfg, world_size: int) -> Optional[int]:
+    """The batch slots recorded by the run `--resume` continues (`checkpoint_model.recorded_slots`, from rank 0's
+    newest checkpoint, so every rank reads the same); None for a fresh start."""
+    source = checkpoint_model.resume_source(cfg.resume, *checkpoint_place(cfg), 0)
+    return checkpoint_model.recorded_slots(source, world_size) if source else None
+
+
+def batch_slots(cfg, world_size: int, environ: Mapping[str, str] = os.environ) -> int:
+    """How many slots the job's global batch is cut into (`plan.BatchLayout`): the layout of the original job.
+
+    Resuming, the checkpoint's; on more ranks than that (a job grown past the ranks it was started for), one per
+    rank, as BatchNorm's micro-batches cannot be kept (`recipe.review` warns). Fresh, `MSDIST_BATCH_SLOTS`
+    (`launch_env.BATCH_SLOTS_VAR`, set by a launcher that may shrink the job later), else the world size.
+
+    Raises:
+        ConfigError: MSDIST_BATCH_SLOTS is not a whole number of at least the world size.
+    """
+    recorded = resumed_slots(cfg, world_size)
+    if recorded is not None:
+        return max(recorded, world_size)
+    text = environ.get(BATCH_SLOTS_VAR, "")
+    if not text:
+        return world_size
+    if not text.isdigit() or int(text) < world_size:
+        raise ConfigError(f"{BATCH_SLOTS_VAR}={text!r}: the batch layout needs a whole number of slots of at least "
+                          f"the world size {world_size}; set it to the most ranks the job may have, or unset it")
+    return int(text)
+
+
+def batch_layout(cfg, slots: int, world_size: int, rank: int) -> plan.BatchLayout:
+    """This rank's part of every global batch (slots from `batch_slots`).
+
+    Raises:
+        ConfigError: ranks owning unequal numbers of slots under --sync_bn, whose statistics are a collective in
+            every micro-batch: the rank with fewer would stop answering.
+    """
+    layout = plan.BatchLayout(slots, world_size, rank)
+    if cfg.sync_bn and not layout.even:
+        raise ConfigError(f"--sync_bn true with a batch layout of {slots} slots on {world_size} ranks: the ranks "
+                          f"would run unequal numbers of micro-batches, each a collective; resume on a number of "
+                          f"ranks that divides {slots}")
+    return layout
+
+
+def train_input(cfg, layout: plan.BatchLayout, workers_per_rank: int, classes: int) -> pipeline.TrainInput:
     """This rank's training input, the same every epoch."""
     return pipeline.TrainInput(image_size=cfg.image_size, global_batch=cfg.batch_size, seed=cfg.seed,
                                shuffle=cfg.shuffle, augment=cfg.augment, padding=cfg.crop_padding,
-                               workers=workers_per_rank, world_size=world_size, rank=rank,
-                               regularization=regularization(cfg, classes))
+                               workers=workers_per_rank, layout=layout, regularization=regularization(cfg, classes))
 
 
-def learning_rates(cfg, world_size: int, steps_per_epoch: int) -> np.ndarray:
-    """The learning rate of every optimizer step; `--scale_lr` multiplies the base rate by the world size."""
-    base_lr = cfg.lr * world_size if cfg.scale_lr else cfg.lr
+def learning_rates(cfg, slots: int, steps_per_epoch: int) -> np.ndarray:
+    """The learning rate of every optimizer step; `--scale_lr` multiplies the base rate by the original job's world
+    size (its batch slots), so a job that changed size keeps its schedule."""
+    base_lr = cfg.lr * slots if cfg.scale_lr else cfg.lr
     return optim.lr_schedule(cfg.lr_schedule, base_lr, cfg.epochs, steps_per_epoch, cfg.warmup_epochs,
                              cfg.lr_step_size, cfg.lr_gamma, cfg.min_lr)
 
 
-def micro_batch(cfg, world_size: int) -> int:
-    """Each rank's micro-batch: its share of the global batch, split into `--grad_accum_steps`."""
-    return plan.micro_batch_size(plan.per_rank_batch(cfg.batch_size, world_size), cfg.grad_accum_steps)
+def micro_batch(cfg, slots: int) -> int:
+    """The micro-batch: a slot (one original rank's share of the global batch), split into `--grad_accum_steps`."""
+    return plan.micro_batch_size(plan.per_rank_batch(cfg.batch_size, slots), cfg.grad_accum_steps)
+
+
+def describe_layout(cfg, layout: plan.BatchLayout) -> str:
+    """The console line of a rank that accumulates because of its slots ("" when slots == world size)."""
+    if layout.slots == layout.world_size:
+        return ""
+    slots, ranks = layout.slots, layout.world_size
+    steps = {len(plan.BatchLayout(slots, ranks, r).owned) * cfg.grad_accum_steps for r in range(ranks)}
+    return (f"batch layout: {slots} slots of {layout.slot_batch(cfg.batch_size)} images on {ranks} rank(s): "
+            f"{' or '.join(str(n) for n in sorted(steps, reverse=True))} micro-batches per step, global batch "
+            f"{cfg.batch_size} as the original job")
 
 
 @dataclass(frozen=True)
@@ -69,7 +132,9 @@ class StepPlan:
         grad_compression, topk_ratio, threshold, error_feedback: how gradients cross ranks (engine/reducers.py).
         fusion: `--allreduce_fusion` as parameter indices; () = one fused group; None = auto (buckets by bytes).
         bn_stats: SyncBatchNorm's statistics precision on this device (`precision.bn_stats_precision`).
-        accum_steps, micro_batch: micro-batches per optimizer step, and each one's size per rank.
+        accum_steps, micro_batch: micro-batches per optimizer step on this rank, and each one's size.
+        grad_scale: what this rank's summed micro-batch gradients are multiplied by before the mean over ranks
+            (`plan.BatchLayout.gradient_scale`).
     """
     amp_level: str
     amp_dtype: str
@@ -82,20 +147,22 @@ class StepPlan:
     accum_steps: int
     micro_batch: int
     bn_stats: str
+    grad_scale: float
 
     def describe_precision(self) -> str:
         amp = self.amp_level if self.amp_level == "O0" else f"{self.amp_level} {self.amp_dtype}"
         return f"amp {amp} | loss scale {self.loss_scale.describe()}"
 
 
-def step_plan(cfg, device_target: str, world_size: int) -> StepPlan:
-    """The train step's plan on `device_target` (CPU or GPU, resolved) in a job of `world_size` ranks."""
+def step_plan(cfg, device_target: str, layout: plan.BatchLayout) -> StepPlan:
+    """The train step's plan on `device_target` (CPU or GPU, resolved) for this rank's part of the batch."""
     amp_level = precision.resolve_amp_level(cfg.amp_level, device_target)
     return StepPlan(amp_level, cfg.amp_dtype,
                     precision.loss_scale_plan(cfg.loss_scale, amp_level, cfg.amp_dtype, cfg.grad_compression),
                     cfg.grad_compression, cfg.topk_ratio, cfg.threshold, cfg.error_feedback,
-                    _fusion(cfg.allreduce_fusion), cfg.grad_accum_steps, micro_batch(cfg, world_size),
-                    precision.bn_stats_precision(device_target))
+                    _fusion(cfg.allreduce_fusion), layout.micro_steps(cfg.grad_accum_steps),
+                    micro_batch(cfg, layout.slots), precision.bn_stats_precision(device_target),
+                    layout.gradient_scale(cfg.grad_accum_steps))
 
 
 def _fusion(text: str) -> Optional[Tuple[int, ...]]:

@@ -12,8 +12,9 @@ One review, shared by the start-up of `msdist.train` (its warnings logged once, 
   seed's 32 images over 8 GPUs leave 4); a fixed loss scale other than 1 where float16 carries
   gradients stops the run at its first overflow, which a dynamic scale skips instead.
 """
-from typing import List
+from typing import List, Optional
 
+from msdist.base import launch_env
 from msdist.base.errors import ConfigError
 from msdist.engine import precision
 from msdist.run import options
@@ -72,6 +73,29 @@ def review(cfg, world_size: int, device_target: str) -> List[str]:
     Raises:
         ConfigError: `check_amp_dtype`.
     """
-    plan = options.step_plan(cfg, device_target, world_size)
+    # The original job's micro-batches (its batch layout), which a job that changed its world size keeps.
+    slots = options.batch_slots(cfg, world_size)
+    plan = options.step_plan(cfg, device_target, options.batch_layout(cfg, slots, slots, 0))
     check_amp_dtype(plan.amp_level, plan.amp_dtype, device_target)
-    return recipe_warnings(plan, batch_size=cfg.batch_size, world_size=world_size, sync_bn=cfg.sync_bn)
+    return layout_warnings(cfg, world_size, slots, options.resumed_slots(cfg, world_size)) + \
+        recipe_warnings(plan, batch_size=cfg.batch_size, world_size=slots, sync_bn=cfg.sync_bn)
+
+
+def layout_warnings(cfg, world_size: int, slots: int, resumed: Optional[int]) -> List[str]:
+    """Where a job that changed its world size cannot train exactly as the original job did: its BatchNorm
+    statistics span other images.
+
+    Args:
+        slots: the batch layout now (`options.batch_slots`); resumed: the one the checkpoint recorded, or None.
+    """
+    found = []
+    if resumed is not None and resumed < world_size:
+        found.append(f"the run resumed was started for {resumed} rank(s) (its batch slots) and grew to {world_size}: "
+                     f"BatchNorm now sees {cfg.batch_size // slots // cfg.grad_accum_steps} images per micro-batch "
+                     f"instead of {cfg.batch_size // resumed // cfg.grad_accum_steps}, not the original job's "
+                     f"training; start a job that may grow with {launch_env.BATCH_SLOTS_VAR} set to the most ranks it "
+                     "will have")
+    if cfg.sync_bn and slots != world_size:
+        found.append(f"--sync_bn true with {slots} batch slots on {world_size} rank(s): each micro-batch's BatchNorm "
+                     f"statistics span {world_size} slots' images instead of {slots}, not the original job's training")
+    return found

@@ -3,15 +3,19 @@
 * Every rank has a good checkpoint of its own: the newest global step all of them have, each rank from its
   own file. Exact: per-rank state (BatchNorm statistics without sync_bn, top-K residuals) comes back as it
   was, and a corrupt newest file on one rank makes the job go back to the previous step on all of them.
-* Some rank has none (the job grew, or a rank's files are gone): every rank restores rank 0's newest good
-  checkpoint instead of starting fresh. Gradient-compression residuals are rank-local, so they are dropped
-  (zeros, as at a fresh start) and one line says so. `--output_dir` must be storage every rank sees.
+* Some rank has none (the job grew, or a rank's files are gone), or the job is elastic (msdist.launch --nnodes
+  MIN:MAX sets RESUME_FROM_RANK0_VAR: a rank's own files may be from an older membership): every rank restores
+  rank 0's newest good checkpoint instead of starting fresh. Gradient-compression residuals are rank-local, so
+  they are dropped (zeros, as at a fresh start) and one line says so. `--output_dir` must be storage every rank
+  sees.
 """
 import logging
+import os
 from dataclasses import dataclass
 from typing import Optional
 
 from msdist.base.errors import CheckpointError
+from msdist.base.launch_env import RESUME_FROM_RANK0_VAR
 from msdist.run import checkpoint
 
 _logger = logging.getLogger(__name__)
@@ -31,7 +35,8 @@ def agree(directory: str, prefix: str, rank: int, collectives) -> Optional[Resum
     """
     mine = checkpoint.latest_good(directory, prefix, rank)
     steps = collectives.gather([mine.position.global_step if mine else -1])[:, 0]
-    if steps.min() >= 0:
+    elastic = bool(os.environ.get(RESUME_FROM_RANK0_VAR))
+    if steps.min() >= 0 and not elastic:
         return ResumePoint(_own_at(directory, prefix, rank, mine, int(steps.min())), rank0s=False)
     first = checkpoint.latest_good(directory, prefix, 0)
     seen = collectives.gather([first.position.global_step if first else -1])[:, 0]
@@ -45,9 +50,11 @@ def agree(directory: str, prefix: str, rank: int, collectives) -> Optional[Resum
         raise CheckpointError(f"ranks {blind} do not see rank 0's newest checkpoint in {directory} (rank 0 sees global "
                               f"step {int(seen[0])}); put --output_dir on storage every node shares")
     without = [r for r, s in enumerate(steps) if s < 0]
-    _logger.warning("resume auto: ranks %s have no checkpoint of their own (the job grew, or their files are gone): "
-                    "every rank resumes from rank 0's newest good checkpoint %s (global step %d); rank-local "
-                    "gradient-compression residuals are dropped", without, first.path, first.position.global_step)
+    why = "an elastic job (its membership may have changed)" if elastic else \
+        f"ranks {without} have no checkpoint of their own (the job grew, or their files are gone)"
+    _logger.warning("resume auto: %s: every rank resumes from rank 0's newest good checkpoint %s (global step %d); "
+                    "rank-local gradient-compression residuals are dropped", why, first.path,
+                    first.position.global_step)
     return ResumePoint(first, rank0s=True)
 
 

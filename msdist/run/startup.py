@@ -29,6 +29,7 @@ from msdist.cluster import device, distributed, job, local_exchange, runtime, st
 from msdist.data import pipeline, plan
 from msdist.engine import precision
 from msdist.run import config, options, recipe
+from msdist.run.options import batch_slots  # `start` has a parameter named options
 
 _logger = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class Started:
     rt: runtime.RuntimeInfo
     device: device.DevicePlan   # from the host's files; distributed.init confirms a GPU with MindSpore
     warnings: Tuple[str, ...] = ()  # the recipe review's (`recipe.review`), logged by rank 0 once logging is up
+    batch_slots: int = 0            # training: the job's batch layout (`options.batch_slots`); 0 for other faces
 
 
 def check_model(cfg, world_size: int) -> None:
@@ -58,7 +60,11 @@ def check_model(cfg, world_size: int) -> None:
 
 
 def check_batch_split(cfg, world_size: int) -> None:
-    options.micro_batch(cfg, world_size)
+    """The global batch cut into the job's slots (the checkpoint resumed, or the launcher's: `options.batch_slots`)
+    and each slot into --grad_accum_steps micro-batches, which the ranks can share."""
+    slots = options.batch_slots(cfg, world_size)
+    options.micro_batch(cfg, slots)
+    options.batch_layout(cfg, slots, world_size, 0)
 
 
 def check_frozen_backbone(cfg, world_size: int) -> None:
@@ -120,12 +126,13 @@ def run_checks(cfg, world_size: int, checks: Sequence[Check] = TRAIN_CHECKS) -> 
             check(cfg, world_size)
 
 
-def compile_cache_path(cfg, world_size: int, device_target: str) -> str:
+def compile_cache_path(cfg, world_size: int, device_target: str, slots: int) -> str:
     """This run's compile-cache folder (train only), keyed by what shapes the compiled train step.
 
     Args:
         device_target: the resolved device (CPU or GPU), never `auto`: a run directory started on CPU
             and resumed on GPU must not find the CPU graph, nor the amp level `auto` resolved there.
+        slots: the job's batch layout (`options.batch_slots`), which shapes the step as the world size does.
     """
     if not cfg.compile_cache:
         return ""
@@ -133,7 +140,7 @@ def compile_cache_path(cfg, world_size: int, device_target: str) -> str:
     graph_options = [o for o in config.TRAIN_OPTIONS if o.name != "max_steps"]
     return runtime.compile_cache_dir(cfg.output_dir, config.config_hash(cfg, graph_options), world_size,
                                      options.num_classes(cfg, pipeline.class_map(cfg.data_dir)), device_target,
-                                     precision.resolve_amp_level(cfg.amp_level, device_target))
+                                     precision.resolve_amp_level(cfg.amp_level, device_target), slots)
 
 
 def decide_device(cfg, launch: launch_env.LaunchEnv, probe: device.GpuProbe) -> device.DevicePlan:
@@ -154,7 +161,8 @@ def start(argv=None, *, options: Sequence[config.Option] = config.TRAIN_OPTIONS,
     """Steps 1-4: parse, check without MindSpore, set the runtime environment. MindSpore is not loaded yet.
 
     Args:
-        review_recipe: training: refuse a recipe the device cannot run and keep its warnings (`recipe.review`).
+        review_recipe: training: resolve the batch layout, refuse a recipe the device cannot run and keep its
+            warnings (`recipe.review`).
 
     A process that msrun started as MindSpore's scheduler (MS_ROLE=MS_SCHED) serves as the scheduler
     here and exits with the job.
@@ -170,13 +178,15 @@ def start(argv=None, *, options: Sequence[config.Option] = config.TRAIN_OPTIONS,
         raise SystemExit(distributed.run_scheduler_role(launch, stall.StallPolicy.from_options(vars(cfg)), log_dir))
     run_checks(cfg, launch.world_size, checks)
     chosen = decide_device(cfg, launch, device.host_probe(os.environ))
+    slots = batch_slots(cfg, launch.world_size) if review_recipe else 0
     warnings = tuple(recipe.review(cfg, launch.world_size, chosen.target)) if review_recipe else ()
     rt = runtime.prepare(cfg.verbose, cfg.cpu_isa, launch.local_world_size, local_rank=launch.local_rank,
                          rank=launch.rank, bind_cores=cfg.bind_cores,
                          exchange_key=local_exchange.job_key(launch.launcher, launch.job_id, os.environ),
-                         compile_cache=compile_cache_path(cfg, launch.world_size, chosen.target) if compile_cache else "",
+                         compile_cache=compile_cache_path(cfg, launch.world_size, chosen.target, slots) if compile_cache
+                         else "",
                          device_target=chosen.target)
-    return Started(cfg, launch, rt, chosen, warnings)
+    return Started(cfg, launch, rt, chosen, warnings, slots)
 
 
 def join(started: Started, log_dir: str, log_name: str = "rank") -> Tuple[distributed.DistInfo,

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 from msdist.cluster import distributed, preemption
-from msdist.data import pipeline
-from msdist.engine import loss_scale, optim, reducers
-from msdist.run import checkpoint, config, evaluation, resume_point
+from msdist.data import pipeline, prefetch
+from msdist.engine import bn_stats, loss_scale, optim, reducers
+from msdist.run import checkpoint, config, evaluation, options, resume_point
 from msdist.run.background_save import BackgroundSaver
-from msdist.run.build import Data, Model, checkpoint_place
+from msdist.run.build import Data, Model
 from msdist.run.checkpoint_model import model_meta
 from msdist.run.checkpoint_saver import Saver
 from msdist.run.meter import Meter
@@ -73,12 +73,12 @@ class Trainer:
         self.cfg, self.dist, self.collectives, self.data, self.model = cfg, dist, collectives, data, model
         self.steps_per_epoch = data.steps_per_epoch
         self.beat, self.launch_kind = beat, launch_kind
-        directory, prefix = checkpoint_place(cfg)
+        directory, prefix = options.checkpoint_place(cfg)
         self.saver = Saver(directory=directory, prefix=prefix, rank=dist.rank, keep=cfg.keep_checkpoint_max,
                            config_hash=config.config_hash(cfg), net=model.net, train_state=state_parameters(model),
                            collectives=collectives,
                            meta=model_meta(cfg.model, data.num_classes, cfg.image_size, data.classes,
-                                           model.convention))
+                                           model.convention, data.train_input.layout.slots))
         self.background = BackgroundSaver(self.saver, collectives)   # --save_every_steps
         self.watch: Optional[Watch] = None
         self.saved_at = 0
@@ -102,9 +102,12 @@ class Trainer:
         if not path:
             return Position()
         info = self.saver.resume(path, drop_residuals=rank0s)  # rank 0's unsent gradient is not this rank's
+        self.model.train_step.slot_stats.restart()  # this rank's other batch slots, if any: not in checkpoints
         at = info.position.resumed(self.steps_per_epoch, info.path)
-        _logger.info("resumed from %s: epoch %d, step %d of %d, global step %d", info.path, at.next_epoch(
-            self.steps_per_epoch), at.skip(self.steps_per_epoch), self.steps_per_epoch, at.global_step)
+        layout = self.data.train_input.layout
+        _logger.info("resumed from %s: epoch %d, step %d of %d, global step %d | batch layout %d slots on %d rank(s)",
+                     info.path, at.next_epoch(self.steps_per_epoch), at.skip(self.steps_per_epoch),
+                     self.steps_per_epoch, at.global_step, layout.slots, layout.world_size)
         return at
 
     def fit(self) -> Outcome:
@@ -167,7 +170,8 @@ class Trainer:
         self.beat.enter("data wait")  # building the epoch's pipeline and its first batch
         batches = pipeline.build_train_dataset(self.data.train, self.data.train_input, epoch, skip_steps=skip)
         self.watch.start_epoch(at)
-        for images, labels in batches.create_tuple_iterator(num_epochs=1):
+        # The next batch is fetched while this one's step runs (its graph releases the GIL): data/prefetch.py.
+        for images, labels in prefetch.one_ahead(batches.create_tuple_iterator(num_epochs=1)):
             self.beat.enter("train step")
             data_s = self.watch.meter.data_ready()
             at = self._train_step(images, labels, at)
@@ -223,7 +227,8 @@ class Trainer:
         """Before weights are evaluated or written: stop a fixed-scale run that met an inf or NaN; without sync_bn
         each rank keeps its own BatchNorm statistics, so make them one model (--dist_bn)."""
         loss_scale.check_finite(self.model.scaler, self.model.train_step.finite_weights)
-        distributed.unify_bn_stats(self.model.net, self.collectives, self.cfg.dist_bn)
+        bn_stats.unify_bn_stats(self.model.net, self.collectives, self.cfg.dist_bn,
+                                self.model.train_step.slot_stats.others, self.data.train_input.layout.slots)
         if self.model.ema is not None:
             self.model.ema.synchronize(self.collectives)
 

@@ -1,7 +1,10 @@
 """The launcher's pieces in this process: option routing, the traceback tail of an attempt, the first cause
 (launch.py, cluster/supervisor.py, cluster/failures.py)."""
+import pytest
+
 from msdist import launch
-from msdist.cluster import failures
+from msdist.base.errors import ConfigError
+from msdist.cluster import elastic, failures
 from conftest import REAL_DATA as DATA_DIR
 
 
@@ -11,6 +14,22 @@ def test_unknown_options_go_to_train(tmp_path):
                               "--data_dir", DATA_DIR])
     assert (plan.world_size, plan.max_restarts, plan.master_addr) == (2, 3, "127.0.0.1")
     assert plan.train_args == ["--epochs", "4", "--output_dir", out, "--data_dir", DATA_DIR]
+
+
+def test_nnodes_min_max_is_an_elastic_plan_whose_batch_is_cut_for_max_nodes(tmp_path):
+    plan = launch.parse_args(["-n", "2", "--nnodes", "1:3", "--node_rank", "2", "--master_addr", "10.0.0.1",
+                              "--master_port", "29500", "--wait_for_nodes", "5", "--batch_size", "12",
+                              "--data_dir", DATA_DIR, "--output_dir", str(tmp_path / "x")])
+    assert (plan.nnodes, plan.max_nodes, plan.node_rank, plan.wait_for_nodes) == (1, 3, 2, 5.0)
+    # Every rank: the batch cut for MAX x -n ranks at any world size, and resumed from rank 0's newest checkpoint.
+    assert elastic.rank_environment(plan) == {"MSDIST_BATCH_SLOTS": "6", "MSDIST_RESUME_FROM_RANK0": "1"}
+    fixed = launch.parse_args(["-n", "2", "--data_dir", DATA_DIR])
+    assert (fixed.nnodes, fixed.max_nodes) == (1, 1)   # a fixed job: no elastic supervisor, the variables untouched
+    with pytest.raises(ConfigError, match="--node_rank 3 must be in 0..2"):
+        launch.parse_args(["-n", "1", "--nnodes", "1:3", "--node_rank", "3", "--master_addr", "h",
+                           "--master_port", "1"])
+    with pytest.raises(ConfigError, match="--nnodes > 1 needs --master_addr"):
+        launch.parse_args(["-n", "1", "--nnodes", "1:2"])
 
 
 def test_traceback_tail_reads_only_this_attempt(tmp_path):

@@ -59,7 +59,7 @@ def test_augmented_batch_is_the_per_image_crop_of_the_zero_padded_image_normaliz
     spec = pipeline.TrainInput(image_size=32, global_batch=8, seed=3, shuffle=True, augment=True, padding=6, workers=2)
     data = pipeline.build_train_dataset(mini_split, spec, epoch=2)
     images, labels = next(data.create_tuple_iterator(num_epochs=1, output_numpy=True))
-    samples = plan.rank_steps(len(mini_split), 8, 2, 3, True, 1, 0)[0]
+    samples = plan.rank_steps(len(mini_split), 8, 2, 3, True, 1, (0,))[0]
     crops = plan.augment_params(3, 2, samples, 6)
     assert (crops[:, :2] != 6).any(axis=1).sum() >= 6     # most images shifted, so padding shows
     expected = _reference_batch([mini_split.files[i] for i in samples], 32, crops, padding=6)
@@ -130,7 +130,7 @@ def test_corrupt_file_in_the_middle_of_a_shard_is_named(data_dir, tmp_path, cont
     with open(victim, "wb") as f:
         f.write(content)
     spec = pipeline.TrainInput(image_size=32, global_batch=16, seed=1, shuffle=True, augment=True, padding=2, workers=2,
-                               world_size=2, rank=1)
+                               layout=plan.BatchLayout(2, 2, 1))
     data = pipeline.build_train_dataset(split, spec, epoch=0)
     with pytest.raises(DataError) as err:   # (the engine reads ahead, so it may fail before batch 1 arrives)
         for _ in data.create_tuple_iterator(num_epochs=1, output_numpy=True):
@@ -155,7 +155,8 @@ def _global_batches(split, reg, world, skip=0, steps=3, workers=2, augment=True,
     images, labels = [None] * steps, [None] * steps
     for rank in range(world):
         spec = pipeline.TrainInput(image_size=32, global_batch=8, seed=5, shuffle=True, augment=augment, padding=2,
-                                   workers=workers, world_size=world, rank=rank, regularization=reg or Regularization())
+                                   workers=workers, layout=plan.BatchLayout(world, world, rank),
+                                   regularization=reg or Regularization())
         data = build(split, spec, epoch=1, skip_steps=skip)
         for step, (x, y) in enumerate(data.create_tuple_iterator(num_epochs=1, output_numpy=True)):
             if step == steps:
@@ -219,7 +220,7 @@ def test_mixing_partners_cross_ranks():
     """A partner is drawn from the whole global batch, so some of rank 0's partners are rank 1's samples."""
     mix = plan.mix_for_step(seed=5, epoch=1, step=0, global_batch=8, mixup=0.4, cutmix=0.0)
     assert sorted(mix.partner) == list(range(8)) and (mix.partner[0::2] % 2 == 1).any()
-    partners, _ = plan.rank_partners(192, 8, 1, 5, True, 2, 0, 0, 0.4, 0.0)
+    partners, _ = plan.rank_partners(192, 8, 1, 5, True, 2, (0,), 0, 0.4, 0.0)
     single = plan.train_indices(192, 8, 1, 5, True, 1, 0).reshape(-1, 8)
     assert np.isin(partners[0], single[0][1::2]).any()
 

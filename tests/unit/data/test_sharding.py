@@ -37,7 +37,7 @@ def test_real_pipeline_shards_rebuild_the_single_card_batches(data_dir):
 
     def batches(world, rank):
         spec = pipeline.TrainInput(image_size=32, global_batch=16, seed=5, shuffle=True, augment=True, padding=2,
-                                   workers=1, world_size=world, rank=rank)
+                                   workers=1, layout=plan.BatchLayout(world, world, rank))
         data = pipeline.build_train_dataset(split, spec, epoch=1)
         out = []
         for images, _ in data.create_tuple_iterator(num_epochs=1, output_numpy=True):
@@ -51,3 +51,48 @@ def test_real_pipeline_shards_rebuild_the_single_card_batches(data_dir):
         together = np.concatenate([r0[s], r1[s]])
         key = lambda x: x.reshape(len(x), -1).sum(axis=1)  # noqa: E731
         np.testing.assert_allclose(np.sort(key(together)), np.sort(key(single[s])), rtol=1e-6)
+
+
+# slots, world size -> each rank's slots (a job started for `slots` ranks, now on `world`)
+OWNERSHIP = [
+    (2, 2, [(0,), (1,)]),                       # as started: one slot per rank
+    (2, 1, [(0, 1)]),                           # shrunk to one rank: it runs both
+    (4, 2, [(0, 2), (1, 3)]),
+    (4, 3, [(0, 3), (1,), (2,)]),               # uneven: 3 of 4 nodes
+    (8, 3, [(0, 3, 6), (1, 4, 7), (2, 5)]),
+    (3, 1, [(0, 1, 2)]),
+]
+
+
+@pytest.mark.parametrize("slots,world,owned", OWNERSHIP)
+@pytest.mark.parametrize("accum", [1, 2])
+def test_every_slot_has_one_owner_and_the_mean_over_ranks_is_the_mean_over_micro_batches(slots, world, owned, accum):
+    layouts = [plan.BatchLayout(slots, world, rank) for rank in range(world)]
+    assert [layout.owned for layout in layouts] == owned
+    assert all(layout.even == (slots % world == 0) for layout in layouts)
+    assert [layout.micro_steps(accum) for layout in layouts] == [len(o) * accum for o in owned]
+    # Each rank scales its summed micro-batch gradients, then the all-reduce takes the mean over ranks: every
+    # micro-batch must weigh 1 / (slots x accum), on every rank, however many slots it owns.
+    assert all(layout.gradient_scale(accum) / world == 1 / (slots * accum) for layout in layouts)
+    assert sum(layout.rank_batch(48) for layout in layouts) == 48
+
+
+@pytest.mark.parametrize("world,accum", [(1, 1), (2, 1), (4, 1), (2, 4), (8, 2)])
+def test_one_slot_per_rank_scales_exactly_as_plain_accumulation(world, accum):
+    """slots == world size is today's data parallelism: the accumulated mean's factor is bitwise 1 / accum."""
+    layout = plan.BatchLayout(world, world, world - 1)
+    assert layout.gradient_scale(accum) == 1.0 / accum and layout.owned == (world - 1,)
+
+
+@pytest.mark.parametrize("slots,world", [(2, 1), (4, 3), (8, 3)])
+def test_a_rank_owning_several_slots_reads_their_shards_side_by_side(slots, world):
+    """Slot s's images are exactly rank s's of a job of `slots` ranks, mixing partners included."""
+    n, batch, seed = 200, 16, 4
+    for rank in range(world):
+        owned = plan.BatchLayout(slots, world, rank).owned
+        steps = plan.rank_steps(n, batch, 1, seed, True, slots, owned, skip_steps=2)
+        originals = [plan.rank_steps(n, batch, 1, seed, True, slots, (s,), skip_steps=2) for s in owned]
+        assert np.array_equal(steps, np.concatenate(originals, axis=1))
+        partners, _ = plan.rank_partners(n, batch, 1, seed, True, slots, owned, 2, 0.4, 0.0)
+        original = [plan.rank_partners(n, batch, 1, seed, True, slots, (s,), 2, 0.4, 0.0)[0] for s in owned]
+        assert np.array_equal(partners, np.concatenate(original, axis=1))

@@ -2,6 +2,7 @@
 asnumpy()/Tensor(...) round trip through the host per optimizer step, and the same losses and weights
 as splitting on the host, the way it was done before."""
 import numpy as np
+import pytest
 
 from msdist.engine import precision
 
@@ -64,3 +65,68 @@ def test_device_split_gives_the_losses_and_weights_of_the_host_split():
         assert on_device == through_host
     for a, b in zip(device_net.trainable_params(), host_net.trainable_params()):
         assert np.array_equal(a.asnumpy(), b.asnumpy()), a.name
+
+
+def _capturing_step(accum_steps, grad_scale, slots_owned=1):
+    """A TrainStep whose "reducer" records the gradients it is given (what the all-reduce would take)."""
+    import mindspore as ms
+    from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+    from msdist.engine import loss_scale, optim, step
+
+    class Capture(nn.Cell):
+        def __init__(self, params):
+            super().__init__(auto_prefix=False)
+            self.seen = ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"seen.{p.name}",
+                                                  requires_grad=False) for p in params])
+            self.hyper_map = ops.HyperMap()
+
+        def construct(self, grads):
+            return ops.depend(grads, self.hyper_map(ops.assign, self.seen, grads))
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_seed(3)
+    net = step.build_network("resnet_tiny", 4, False, False, 1)
+    optimizer = optim.create_optimizer(net.trainable_params(), np.full(STEPS, 0.05, np.float32), 0.9, 1e-4)
+    scaler = loss_scale.LossScaler(precision.loss_scale_plan("auto", "O0", "float32", "none"), 1)
+    capture = Capture(optimizer.parameters)
+    train = step.TrainStep(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer, scaler,
+                           capture, accum_steps, grad_scale, slots_owned)
+    train.set_train(True)
+    return train, capture, net
+
+
+@pytest.mark.slow   # three resnet_tiny steps compiled
+def test_a_rank_owning_two_slots_sends_exactly_the_mean_of_their_gradients_and_keeps_their_statistics_apart():
+    """Batch layout (data/plan.py): one rank running a 2-rank job's two slots as micro-batches sends the all-reduce
+    (g0 + g1) / 2 bitwise, each g the gradient one rank computes alone; each slot's BatchNorm statistics follow its
+    own images only, as the two ranks' did."""
+    import mindspore as ms
+    images, labels = (t.asnumpy() for t in _batches()[0])
+    images, labels = np.concatenate([images, images[::-1] * 0.5]), np.concatenate([labels, labels[::-1]])
+    alone = []
+    for part in (slice(0, 8), slice(8, 16)):
+        train, capture, net = _capturing_step(1, None)
+        train.train_on(ms.Tensor(images[part]), ms.Tensor(labels[part]))
+        alone.append(([p.asnumpy() for p in capture.seen],
+                      [p.asnumpy() for p in net.get_parameters() if "moving_" in p.name]))
+    train, capture, net = _capturing_step(2, 0.5, slots_owned=2)
+    train.train_on(ms.Tensor(images), ms.Tensor(labels))
+    for sent, g0, g1 in zip(capture.seen, alone[0][0], alone[1][0]):
+        assert np.array_equal(sent.asnumpy(), (g0 + g1) * np.float32(0.5)), sent.name
+    stats = [p for p in net.get_parameters() if "moving_" in p.name]
+    assert all(np.array_equal(p.asnumpy(), want) for p, want in zip(stats, alone[0][1]))   # the network: slot 0's
+    assert all(np.array_equal(p.asnumpy(), want) for p, want in zip(train.slot_stats.others[0], alone[1][1]))
+
+
+@pytest.mark.slow
+def test_one_slot_of_an_uneven_layout_is_scaled_before_the_all_reduce():
+    """Rank 1 of 3 owning one of 4 slots: its single micro-batch's gradient goes out times 3/4, so the mean over the
+    ranks weighs every slot 1/4."""
+    images, labels = _batches()[0]
+    plain, seen_plain, _ = _capturing_step(1, None)
+    plain.train_on(images, labels)
+    scaled, seen_scaled, _ = _capturing_step(1, 3 / 4)
+    assert scaled.accumulates and not plain.accumulates
+    scaled.train_on(images, labels)
+    for a, b in zip(seen_scaled.seen, seen_plain.seen):
+        assert np.array_equal(a.asnumpy(), (b.asnumpy() * np.float32(0.75)).astype(np.float32)), a.name

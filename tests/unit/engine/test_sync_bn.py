@@ -1,4 +1,4 @@
-"""engine/sync_bn.py and distributed.unify_bn_stats: SyncBatchNorm's explicit backward against float64,
+"""engine/sync_bn.py and bn_stats.unify_bn_stats: SyncBatchNorm's explicit backward against float64,
 its rounding, its gradients and precision, and one rank equal to plain BatchNorm."""
 import numpy as np
 
@@ -131,7 +131,7 @@ def test_sync_bn_stays_float32_under_amp():
 def test_unify_bn_stats_reduce_and_broadcast():
     """The operation alone, seen from rank 1 of two: stand-in collectives return what AllGather would."""
     from models import create_model
-    from msdist.cluster.distributed import unify_bn_stats
+    from msdist.engine.bn_stats import unify_bn_stats
 
     class TwoRanks:  # Collectives.gather on rank 1 of a 2-rank job: row r = rank r's values
         world_size = 2
@@ -151,3 +151,33 @@ def test_unify_bn_stats_reduce_and_broadcast():
         after = np.concatenate([p.asnumpy().astype(np.float64).ravel() for p in stats(net)])
         want = {"reduce": (before + rank0) / 2, "broadcast": rank0, "none": before}[mode]
         assert np.array_equal(after, want.astype(np.float32)), mode
+
+
+def test_unify_bn_stats_over_batch_slots():
+    """A rank running 2 of a 4-slot job's slots on 2 ranks (seen from rank 1): "reduce" is the mean over the 4
+    slots, "broadcast" slot 0's (rank 0's network); every slot of this rank gets the result."""
+    from mindspore import Tensor
+    from models import create_model
+    from msdist.engine.bn_stats import SlotStatistics, bn_running_stats, unify_bn_stats
+
+    class TwoRanks:
+        world_size = 2
+
+        def __init__(self, rank0):
+            self.rank0 = rank0
+
+        def gather(self, values):
+            return np.stack([self.rank0, values])
+
+    flat = lambda params: np.concatenate([p.asnumpy().astype(np.float64).ravel() for p in params])  # noqa: E731
+    for mode in ("reduce", "broadcast"):
+        net = create_model("resnet_tiny", 4)
+        slots = SlotStatistics(net, 2)
+        own = flat(bn_running_stats(net))
+        for p in slots.others[0]:
+            p.set_data(Tensor(p.asnumpy() + 2.0))
+        rank0_own, rank0_sum = own + 1.0, 2 * own + 5.0   # rank 0's network, and its two slots summed
+        unify_bn_stats(net, TwoRanks(rank0_sum if mode == "reduce" else rank0_own), mode, slots.others, slots=4)
+        want = {"reduce": (rank0_sum + own + own + 2.0) / 4, "broadcast": rank0_own}[mode].astype(np.float32)
+        assert np.array_equal(flat(bn_running_stats(net)), want), mode
+        assert np.array_equal(flat(slots.others[0]), want), mode

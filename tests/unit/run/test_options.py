@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 
+from msdist.base import launch_env
 from msdist.base.errors import ConfigError, DataError
-from msdist.data import pipeline
+from msdist.data import pipeline, plan
 from msdist.data.augment import Regularization
 from msdist.engine import optim
 from msdist.run import config, options
@@ -26,13 +27,13 @@ def test_train_input_is_this_rank_s_share_with_the_options_it_names():
     cfg = config.parse(["--batch_size", "16", "--image_size", "40", "--seed", "9", "--shuffle", "false",
                         "--crop_padding", "2", "--train_crop", "random_resized", "--crop_scale_min", "0.3",
                         "--mixup", "0.2", "--label_smoothing", "0.1"])
-    spec = options.train_input(cfg, world_size=2, rank=1, workers_per_rank=3, classes=4)
+    spec = options.train_input(cfg, plan.BatchLayout(2, 2, 1), workers_per_rank=3, classes=4)
     assert spec == pipeline.TrainInput(image_size=40, global_batch=16, seed=9, shuffle=False, augment=True, padding=2,
-                                       workers=3, world_size=2, rank=1, regularization=Regularization(
+                                       workers=3, layout=plan.BatchLayout(2, 2, 1), regularization=Regularization(
                                            "random_resized", (0.3, 1.0), (0.75, 4 / 3), 0.0, 0.2, 0.0, 0.1, 4))
     assert spec.batch_size == 8
     with pytest.raises(DataError, match="must divide evenly over 3 ranks"):
-        options.train_input(cfg, world_size=3, rank=0, workers_per_rank=1, classes=4).batch_size
+        options.train_input(cfg, plan.BatchLayout(3, 3, 0), workers_per_rank=1, classes=4).batch_size
 
 
 def test_learning_rates_scale_by_the_world_size_only_with_scale_lr():
@@ -49,11 +50,13 @@ def test_micro_batch_splits_the_rank_s_share_or_refuses_before_mindspore_loads()
 
 
 def test_step_plan_resolves_precision_for_the_device_and_names_the_step_s_options():
-    cpu = options.step_plan(config.parse(["--batch_size", "16", "--grad_accum_steps", "2"]), "CPU", 2)
+    cpu = options.step_plan(config.parse(["--batch_size", "16", "--grad_accum_steps", "2"]), "CPU",
+                            plan.BatchLayout(2, 2, 0))
     assert (cpu.amp_level, cpu.loss_scale.dynamic, cpu.fusion, cpu.accum_steps, cpu.micro_batch) == ("O0", False, None,
                                                                                                        2, 4)
     assert cpu.describe_precision().startswith("amp O0 | loss scale fixed 1, no per-step overflow check")
-    gpu = options.step_plan(config.parse(["--grad_compression", "fp16", "--allreduce_fusion", "85,160"]), "GPU", 1)
+    gpu = options.step_plan(config.parse(["--grad_compression", "fp16", "--allreduce_fusion", "85,160"]), "GPU",
+                            plan.BatchLayout())
     assert (gpu.amp_level, gpu.loss_scale.dynamic, gpu.grad_compression, gpu.fusion) == ("O2", True, "fp16",
                                                                                          (85, 160))
 
@@ -72,3 +75,59 @@ def test_a_frozen_backbone_with_cross_rank_batchnorm_is_refused_by_every_launche
     with pytest.raises(ConfigError, match="--freeze_backbone true and --sync_bn true"):
         launch.parse_args(["-n", "2"] + frozen_sync)
     startup.check_frozen_backbone(config.parse(frozen_sync), 1)   # one rank: sync_bn keeps plain BatchNorm
+
+
+def _run_with_checkpoints(tmp_path, ranks, batch_slots=None):
+    """An output folder whose ckpt/ holds `ranks` ranks' epoch-1 checkpoints (sidecars, as listing reads them);
+    `batch_slots` None: written before the layout was recorded."""
+    import json
+    import os
+    directory = tmp_path / "ckpt"
+    os.makedirs(directory)
+    meta = {"model": "resnet_tiny"} if batch_slots is None else {"model": "resnet_tiny", "batch_slots": batch_slots}
+    for rank in range(ranks):
+        path = directory / f"resnet_tiny_rank{rank}-1_12.ckpt"
+        path.write_bytes(b"")
+        sidecar = {"sha256": "0", "epoch": 1, "step": 12, "global_step": 12, "config_hash": "h", "meta": meta}
+        (directory / f"{path.name}.json").write_text(json.dumps(sidecar))
+    return config.parse(["--model", "resnet_tiny", "--output_dir", str(tmp_path), "--resume", "auto"])
+
+
+# (ranks that wrote the checkpoint, its recorded slots, world size now, MSDIST_BATCH_SLOTS) -> slots
+RESUMED_SLOTS = [
+    (2, 2, 1, "", 2),      # shrunk: the checkpoint's layout
+    (1, 2, 2, "", 2),      # grown back to the slots it was started for
+    (2, 4, 3, "8", 4),     # the checkpoint wins over the launcher's variable
+    (2, None, 1, "", 2),   # written before the layout was recorded: the ranks that wrote it
+    (1, None, 2, "", 2),   # ... but never fewer than the ranks now
+    (1, 1, 2, "", 2),      # grown past its slots: one per rank (recipe.review warns)
+]
+
+
+@pytest.mark.parametrize("writers,recorded,world,variable,slots", RESUMED_SLOTS)
+def test_a_resumed_job_keeps_the_batch_slots_of_its_checkpoint(tmp_path, writers, recorded, world, variable, slots):
+    cfg = _run_with_checkpoints(tmp_path, writers, recorded)
+    assert options.batch_slots(cfg, world, {launch_env.BATCH_SLOTS_VAR: variable}) == slots
+
+
+def test_a_fresh_job_takes_its_slots_from_the_launcher_or_its_world_size(tmp_path):
+    cfg = config.parse(["--output_dir", str(tmp_path), "--resume", "auto"])   # nothing to resume yet
+    assert options.batch_slots(cfg, 2, {}) == 2
+    assert options.batch_slots(cfg, 2, {launch_env.BATCH_SLOTS_VAR: "4"}) == 4
+    for bad in ("1", "two", "-4"):
+        with pytest.raises(ConfigError, match=f"{launch_env.BATCH_SLOTS_VAR}='{bad}'"):
+            options.batch_slots(cfg, 2, {launch_env.BATCH_SLOTS_VAR: bad})
+
+
+def test_the_batch_layout_is_said_once_and_shapes_the_step_and_the_schedule():
+    cfg = config.parse(["--batch_size", "16", "--lr", "0.1", "--scale_lr", "true", "--epochs", "1"])
+    layout = options.batch_layout(cfg, 4, 3, 0)
+    assert options.describe_layout(cfg, layout) == ("batch layout: 4 slots of 4 images on 3 rank(s): 2 or 1 "
+                                                    "micro-batches per step, global batch 16 as the original job")
+    assert options.describe_layout(cfg, options.batch_layout(cfg, 2, 2, 0)) == ""
+    step = options.step_plan(cfg, "CPU", layout)
+    assert (step.accum_steps, step.micro_batch, step.grad_scale) == (2, 4, 3 / 4)
+    # --scale_lr scales by the original job's ranks (its slots), whatever the world size now.
+    np.testing.assert_array_equal(options.learning_rates(cfg, 4, 3), optim.lr_schedule("constant", 0.4, 1, 3))
+    with pytest.raises(ConfigError, match="--sync_bn true with a batch layout of 4 slots on 3 ranks"):
+        options.batch_layout(config.parse(["--sync_bn", "true"]), 4, 3, 1)

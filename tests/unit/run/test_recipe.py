@@ -16,7 +16,7 @@ def _warnings(batch_size=1024, world_size=8, grad_accum_steps=1, sync_bn=False, 
               loss_scale="auto", grad_compression="none"):
     scale = precision.loss_scale_plan(loss_scale, amp_level, amp_dtype, grad_compression)
     plan = options.StepPlan(amp_level, amp_dtype, scale, grad_compression, 0.01, 1e-3, True, (), grad_accum_steps,
-                            batch_size // world_size // grad_accum_steps, "float32")
+                            batch_size // world_size // grad_accum_steps, "float32", 1 / grad_accum_steps)
     return recipe.recipe_warnings(plan, batch_size=batch_size, world_size=world_size, sync_bn=sync_bn)
 
 
@@ -75,3 +75,15 @@ def test_review_resolves_amp_auto_per_device():
     with pytest.raises(ConfigError):
         recipe.review(cfg, 1, "GPU")   # auto = O2 on GPU
     assert recipe.review(cfg, 1, "CPU") == []  # auto = O0 on CPU
+
+
+@pytest.mark.parametrize("world,slots,resumed,sync_bn,expected", [
+    (2, 2, None, False, []),
+    (1, 2, 2, True, ["--sync_bn true with 2 batch slots on 1 rank(s)"]),   # shrunk: each micro-batch spans 1 slot
+    (2, 2, 1, False, ["the run resumed was started for 1 rank(s) (its batch slots) and grew to 2: BatchNorm now "
+                      "sees 8 images per micro-batch instead of 16"]),
+])
+def test_a_changed_world_size_warns_where_batchnorm_sees_other_images(world, slots, resumed, sync_bn, expected):
+    cfg = config.parse(["--batch_size", "16", "--sync_bn", str(sync_bn).lower()])
+    found = recipe.layout_warnings(cfg, world, slots, resumed)
+    assert len(found) == len(expected) and all(w.startswith(e) for w, e in zip(found, expected)), found

@@ -75,14 +75,14 @@ def _trainer(tmp_path, data_dir, *extra):
     """A Trainer built in this process as msdist.train builds it (one rank, CPU)."""
     import mindspore as ms
     from msdist.cluster import distributed, runtime
-    from msdist.run import build, config
+    from msdist.run import build, config, options
     from msdist.run.trainer import Trainer
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     cfg = config.parse(tiny_args(data_dir, tmp_path, *extra))
     dist, collectives = distributed.DistInfo(0, 1, 0, "CPU", ""), distributed.Collectives(1)
     rt = runtime.RuntimeInfo("default", "env", 1)
     build.seed_everything(cfg.seed)
-    data = build.load_data(cfg, dist, collectives, rt)
+    data = build.load_data(cfg, dist, collectives, rt, options.batch_slots(cfg, dist.world_size))
     return Trainer(cfg, dist, collectives, data, build.build_model(cfg, dist, data, rt), beat=None,
                    launch_kind="standalone")
 
@@ -109,7 +109,7 @@ def test_an_epoch_end_makes_the_ranks_one_model_once_and_its_best_is_the_file_ju
     from msdist.cluster import heartbeat
     from msdist.cluster.stall import StallPolicy
     from msdist.run import checkpoint
-    from msdist.run.build import checkpoint_place
+    from msdist.run.options import checkpoint_place
     trainer = _trainer(tmp_path, data_dir, "--ema_decay", 0.9, "--epochs", 1)
     os.makedirs(tmp_path / "logs", exist_ok=True)
     trainer.beat = heartbeat.Heartbeat(str(tmp_path / "logs"), 0, StallPolicy.from_options({"stall_timeout": "0"}))
