@@ -16,7 +16,7 @@ from msdist.base.errors import ConfigError
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # like DDP's 25 MB buckets; allreduce_fusion: auto
 FLOAT32_BYTES = 4
-# MindSpore's AllReduce fusion pass reads comm_fusion's "config" (MB, docs say) in units of 262144 bytes:
+# MindSpore's AllReduce fusion pass reads comm_fusion's "config" (MB, its docs say) in units of 262144 bytes:
 # backend/common/pass/communication_op_fusion.cc, kDefaultThresholdMb2Byte = 262144 (GetAllReduceSplitSegment).
 BACKEND_THRESHOLD_UNIT = 262144
 
@@ -91,35 +91,14 @@ def plan(sizes: Sequence[Tuple[str, int]], split_after: Optional[Sequence[int]])
 
 
 def fusion_config(plan: Sequence[Bucket]) -> int:
-    """The comm_fusion "config" (MB) the training step sets for these buckets: one MB above the largest.
+    """The comm_fusion "config" the training step sets, so that each bucket leaves as one AllReduce op.
 
-    Meant as "no further split"; MindSpore's fusion pass reads it as that many 256 KB units (`backend_segments`).
+    In data-parallel mode MindSpore's fusion pass fuses equal `comm_fusion` ids, then cuts a fused group once a
+    parameter would take it past "config" x BACKEND_THRESHOLD_UNIT bytes (communication_op_fusion.cc,
+    GetAllReduceSplitSegment). One unit above the largest bucket never cuts. Counted in MB, as MindSpore's docs
+    say, it cut ResNet-18's two buckets into six ops (the saved IR): the bug this unit fixes.
     """
-    return math.ceil(max(b.nbytes for b in plan) / 2**20) + 1
-
-
-def backend_segments(sizes: Sequence[Tuple[str, int]], plan: Sequence[Bucket]) -> List[Bucket]:
-    """The AllReduce ops MindSpore compiles from these buckets, in SEND order: what actually crosses the ranks.
-
-    In data-parallel mode MindSpore's fusion pass cuts each bucket again (communication_op_fusion.cc,
-    GetAllReduceSplitSegment): walking the bucket in network order, a parameter that would take the running sum
-    past `fusion_config(plan) * BACKEND_THRESHOLD_UNIT` bytes ends the op, itself included, and the sum restarts
-    at zero. ResNet-18's two buckets compile to six AllReduce ops (the saved IR, docs/scaling.md).
-    """
-    threshold = fusion_config(plan) * BACKEND_THRESHOLD_UNIT
-    segments = []
-    for bucket in plan:
-        cuts, filled, start = [], 0, bucket.first
-        for i in range(bucket.first, bucket.last + 1):
-            if filled + sizes[i][1] > threshold:
-                cuts.append((start, i + 1))
-                start, filled = i + 1, 0
-            else:
-                filled += sizes[i][1]
-        if start <= bucket.last:
-            cuts.append((start, bucket.last + 1))
-        segments += [_bucket(sizes, a, b) for a, b in reversed(cuts)]
-    return segments
+    return math.ceil(max(b.nbytes for b in plan) / BACKEND_THRESHOLD_UNIT) + 1
 
 
 def _bucket(sizes: Sequence[Tuple[str, int]], start: int, end: int) -> Bucket:

@@ -311,7 +311,7 @@ def bucket_gradients(net, split_after: Optional[Sequence[int]], world_size: int)
     Each trainable parameter's `comm_fusion` becomes its bucket's number in send order (1 = the last
     layers'), so MindSpore's reducer fuses each bucket's AllReduce ops (nn/wrap/grad_reducer.py:67-95,
     `_init_allreduce_operators_by_parameters`: one op per parameter carrying its `comm_fusion`; the backend
-    fuses equal ids, then cuts them as `buckets.backend_segments` says). `split_after` indices count in network
+    fuses equal ids, and `buckets.fusion_config` keeps each bucket one op). `split_after` indices count in network
     order: MindSpore's own `all_reduce_fusion_config` counts in the optimizer's order, which is group by group
     (nn/optim/optimizer.py:612-617) unless `order_params` restores it, as `optim.param_groups` does.
 
@@ -339,8 +339,8 @@ def _enable_fusion(config: int) -> None:
     (plugin/device/cpu/hal/hardware/cpu_device_context.cc, CPUKernelExecutor::OptimizeGraph), which a
     `comm_fusion` setting does (parallel/_auto_parallel_context.py:1261). In data-parallel mode the pass
     cuts a fused group again past the threshold (backend/common/pass/communication_op_fusion.cc,
-    GetAllReduceSplitSegment), which it reads in 256 KB units: the buckets leave as `buckets.backend_segments`,
-    the messages `msdist.plan_scale` forecasts.
+    GetAllReduceSplitSegment), which it reads in 256 KB units: `buckets.fusion_config` sets it past the largest
+    bucket, so each bucket leaves as one op, the messages `msdist.plan_scale` forecasts.
     """
     import mindspore as ms
     ms.set_auto_parallel_context(comm_fusion={"allreduce": {"mode": "size", "config": config}})

@@ -9,8 +9,8 @@ gradient exchange is still running when backward ends (exposed communication), p
 - An AllGather of s bytes per rank costs `latency + (n-1) * s / busbw` per level: it grows with N, which is
   what top-K and threshold pay (`allgather_seconds`).
 - Each exchange is a `Message`: ready when backward has produced all of its gradients, sent one after the other
-  on one stream. The float32 messages are the AllReduce ops MindSpore compiles of msdist's buckets
-  (`engine.buckets.backend_segments`). Backward produces the last layers first, and a parameter's share of
+  on one stream, one per bucket (MindSpore compiles each of msdist's buckets to one AllReduce op:
+  `engine.buckets.fusion_config`). Backward produces the last layers first, and a parameter's share of
   backward time is its share of the network's multiply-adds (`backward_cost`), so a bucket of the last layers
   is ready early. A CPU rank hides nothing (`Compute.hides_exchange`).
 
@@ -104,22 +104,21 @@ def backward_done(costs: Sequence[float]) -> List[float]:
 
 @dataclass(frozen=True)
 class Gradients:
-    """What the exchange works on: the buckets and the AllReduce ops they compile to (send order), and every
-    parameter in forward order."""
-    buckets: Sequence  # engine.buckets.Bucket, send order: the plan, which the fp16 reducer sends as they are
-    sends: Sequence  # engine.buckets.backend_segments: the float32 AllReduce ops MindSpore compiles of them
+    """What the exchange works on: the buckets (send order), and every parameter in forward order."""
+    buckets: Sequence  # engine.buckets.Bucket, send order: one AllReduce op each (buckets.fusion_config)
     sizes: Sequence[Tuple[str, int]]  # (name, float32 bytes), forward order
     costs: Sequence[float]  # backward cost of each parameter (its layer's multiply-adds), forward order
 
     def allreduce_messages(self, world: int, net: Network, fp16: bool = False) -> List[Message]:
-        """One all-reduce per unit sent, in send order, each ready when its first parameter's gradient is.
+        """One all-reduce per bucket, in send order, each ready when its first parameter's gradient is.
 
-        float32: the ops MindSpore's fusion pass makes of the buckets (`sends`); fp16: msdist's reducer sends
-        each bucket as one flattened float16 tensor (reducers.Fp16BucketAllReduce), at half the bytes.
+        float32: one fused AllReduce op per bucket; fp16: msdist's reducer sends each bucket as one flattened
+        float16 tensor (reducers.Fp16BucketAllReduce), at half the bytes.
         """
         done = backward_done(self.costs)
-        units, scale = (self.buckets, 0.5) if fp16 else (self.sends, 1.0)
-        return [Message(done[b.first], hierarchical_allreduce_seconds(b.nbytes * scale, world, net)) for b in units]
+        scale = 0.5 if fp16 else 1.0
+        return [Message(done[b.first], hierarchical_allreduce_seconds(b.nbytes * scale, world, net))
+                for b in self.buckets]
 
     def topk_messages(self, world: int, net: Network, ratio: float) -> List[Message]:
         """msdist's top-K / threshold: per tensor, from the last, an AllGather of indices and one of values."""

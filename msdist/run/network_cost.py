@@ -65,4 +65,4 @@ def network_gradients(model: str, num_classes: int, image_size: int, allreduce_f
     macs = layer_multiply_adds(net, image_size)
     costs: List[float] = [macs.get(name, 0.0) for name, _ in sizes]  # BatchNorm and biases: next to nothing
     plan = buckets.plan(sizes, fusion_split(allreduce_fusion))
-    return Gradients(plan, buckets.backend_segments(sizes, plan), sizes, costs)
+    return Gradients(plan, sizes, costs)

@@ -1,6 +1,7 @@
 """Gradient buckets (#32 item 4, msdist/engine/buckets.py, step.bucket_gradients): contiguous in network
 order, cut by bytes, sent last layers first; and, in the step MindSpore compiles for `--loss_scale dynamic`
-on 2 real ranks, no bucket's all-reduce depends on a gradient outside it (read from the saved IR)."""
+on 2 real ranks, each bucket is one AllReduce op and none depends on a gradient outside its bucket (read from
+the saved IR)."""
 import glob
 import os
 import re
@@ -48,30 +49,14 @@ def test_a_parameter_larger_than_a_bucket_goes_alone_and_explicit_cuts_keep_send
     assert [b.names for b in buckets.cut_after(sizes, [])] == [("a", "b", "big", "c", "d")]
 
 
-def test_mindspore_cuts_each_bucket_past_its_threshold_in_256_kb_units():
-    # One bucket of 3 MB: the step sets comm_fusion config ceil(3) + 1 = 4, which MindSpore's fusion pass reads as
-    # 4 x 262144 = 1 MB. Walking a, b, c, d, e (0.5, 0.4, 0.3, 0.2, 1.6 MB): a + b = 0.9 MB; c would make 1.2 and
-    # ends the op, itself in it; then d = 0.2, e would make 1.8 and ends the next one. Sent last layers first.
-    sizes = [("a", MB // 2), ("b", 4 * MB // 10), ("c", 3 * MB // 10), ("d", 2 * MB // 10), ("e", 16 * MB // 10)]
-    sizes[-1] = ("e", 3 * MB - sum(n for _, n in sizes[:-1]))  # exactly 3 MB in all
-    plan = buckets.cut_after(sizes, [])
-    assert buckets.fusion_config(plan) == 4
-    assert [b.names for b in buckets.backend_segments(sizes, plan)] == [("d", "e"), ("a", "b", "c")]
-    # two buckets are cut each on its own, and a bucket under the threshold stays whole
-    two = buckets.cut_after(sizes, [1])
-    assert [b.names for b in buckets.backend_segments(sizes, two)] == [("c", "d", "e"), ("a", "b")]
-
-
-@pytest.mark.parametrize("model, counts", [("resnet18", [4, 3, 6, 3, 6, 40]),
-                                           ("resnet50", [7, 3, 6, 6, 3, 3, 9, 18, 15, 15, 76])])
-def test_resnets_compile_to_the_allreduce_ops_of_their_saved_ir(model, counts):
-    """`MS_DEV_SAVE_GRAPHS=1 mpirun -n 2 python -m msdist.train --model M ...` (4 classes), the final kernel graph
-    (hwopt_common_final_graph_*.ir): ResNet-18's holds six AllReduce ops of 40, 6, 3 (fusion 2) and 6, 3, 4
-    (fusion 1) gradients, ResNet-50's eleven of these counts."""
+def test_the_fusion_threshold_lies_past_the_largest_bucket_in_mindspores_256_kb_units():
+    # 3 MB is 12 units of 262144 bytes: 13 leaves the bucket whole. ResNet-18's largest auto bucket at 4 classes
+    # (24.1 MB, 96.4 units): 98.
     from models import create_model
-    sizes = buckets.parameter_sizes(create_model(model, 4))
-    sends = buckets.backend_segments(sizes, buckets.plan_buckets(sizes))
-    assert [len(b.names) for b in sends] == counts
+    plan = buckets.cut_after([("a", 2 * MB), ("b", 3 * MB)], [0])
+    assert buckets.fusion_config(plan) == 13
+    sizes = buckets.parameter_sizes(create_model("resnet18", 4))
+    assert buckets.fusion_config(buckets.plan_buckets(sizes)) == 98
 
 
 def test_the_optimizer_lists_parameters_in_network_order():
@@ -124,6 +109,31 @@ def _ancestors(nodes: dict, start: int) -> set:
     return seen
 
 
+def _saved_allreduces(data_dir, tmp_path, *args) -> tuple:
+    """The final kernel graph MindSpore saves (save_graphs) of rank 0 in a 1-step 2-rank CPU run: (nodes, AllReduce
+    node ids)."""
+    ir_dir = tmp_path / "ir"
+    run_msdist("train", tiny_args(data_dir, tmp_path / "out", "--max_steps", 1, *args), ranks=2,
+               env={"MS_DEV_SAVE_GRAPHS": "1", "MS_DEV_DUMP_IR_PASSES": "hwopt_common_final",
+                    "MS_DEV_SAVE_GRAPHS_PATH": str(ir_dir)})
+    [graph] = [g for g in glob.glob(os.path.join(ir_dir, "rank_0", "hwopt_common_final_graph_*.ir"))
+               if "AllReduce(" in open(g, encoding="utf-8").read()]
+    nodes = _kernel_graph_nodes(graph)
+    return nodes, [n for n, (op, _, _) in nodes.items() if op == "AllReduce"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_resnet18s_auto_buckets_compile_to_one_allreduce_each(data_dir, tmp_path):
+    """ResNet-18's two auto buckets (25 MB and 19.7 MB): with the threshold counted in MB, MindSpore cut them
+    into six ops of at most 6.5 MB."""
+    from models import create_model
+    plan = buckets.plan_buckets(buckets.parameter_sizes(create_model("resnet18", 4)))
+    nodes, reduces = _saved_allreduces(data_dir, tmp_path, "--model", "resnet18", "--image_size", 32,
+                                       "--allreduce_fusion", "auto")
+    assert sorted(len(nodes[n][1]) for n in reduces) == sorted(len(b.names) for b in plan)
+
+
 @pytest.mark.multiprocess
 def test_no_bucket_all_reduce_waits_for_gradients_outside_it_with_a_dynamic_scale(data_dir, tmp_path):
     """The IR MindSpore saves (save_graphs) of a 2-rank CPU run, `--loss_scale dynamic`, three buckets of
@@ -132,20 +142,13 @@ def test_no_bucket_all_reduce_waits_for_gradients_outside_it_with_a_dynamic_scal
     exchange (as before) made every bucket wait for every gradient."""
     from models import create_model
     split_after = [10, 20]
-    ir_dir = tmp_path / "ir"
-    run_msdist("train", tiny_args(data_dir, tmp_path / "out", "--max_steps", 1, "--loss_scale", "dynamic",
-                                  "--allreduce_fusion", ",".join(map(str, split_after))), ranks=2,
-               env={"MS_DEV_SAVE_GRAPHS": "1", "MS_DEV_DUMP_IR_PASSES": "hwopt_common_final",
-                    "MS_DEV_SAVE_GRAPHS_PATH": str(ir_dir)})
+    nodes, reduces = _saved_allreduces(data_dir, tmp_path, "--loss_scale", "dynamic", "--allreduce_fusion",
+                                       ",".join(map(str, split_after)))
     net = create_model("resnet_tiny", 4)
     params = net.trainable_params()
     plan = buckets.cut_after(buckets.parameter_sizes(net), split_after)
     convs_by_size = {len(b.names): sum(params[i].ndim == 4 for i in range(b.first, b.last + 1)) for b in plan}
     assert len(convs_by_size) == len(plan)  # the bucket sizes tell the fused ops apart
-    [graph] = [g for g in glob.glob(os.path.join(ir_dir, "rank_0", "hwopt_common_final_graph_*.ir"))
-               if "AllReduce(" in open(g, encoding="utf-8").read()]
-    nodes = _kernel_graph_nodes(graph)
-    reduces = [n for n, (op, _, _) in nodes.items() if op == "AllReduce"]
     assert sorted(len(nodes[n][1]) for n in reduces) == sorted(convs_by_size), "one fused AllReduce per bucket"
     seen_filters = set()
     for node in reduces:

@@ -61,7 +61,7 @@ class _Bucket:
 def test_rows_add_compute_exposed_exchange_and_host_work():
     # one 10 MB bucket of the first parameter (ready when backward ends), 2 ranks at 1 GB/s, no latency:
     # all-reduce 2 * 1/2 * 1e7 / 1e9 = 10 ms, all exposed; compute 4 images * 5 ms = 20 ms; host 1 ms
-    grads = Gradients([_Bucket(0, 10_000_000)], [_Bucket(0, 10_000_000)], [("w", 10_000_000)], [1.0])
+    grads = Gradients([_Bucket(0, 10_000_000)], [("w", 10_000_000)], [1.0])
     net = Network(_link(1, 0), _link(1, 0), gpus_per_node=8)
     table = forecast.forecast("none", grads, Compute(5.0, 1.0), net, global_batch=8, per_gpu_batch=None,
                               input_us=1000.0, scales=(1, 2, 4, 8, 16))
@@ -83,7 +83,7 @@ def test_rows_add_compute_exposed_exchange_and_host_work():
 
 
 def test_the_first_dominated_n_is_where_exposed_reaches_compute():
-    grads = Gradients([_Bucket(0, 10_000_000)], [_Bucket(0, 10_000_000)], [("w", 10_000_000)], [1.0])
+    grads = Gradients([_Bucket(0, 10_000_000)], [("w", 10_000_000)], [1.0])
     net = Network(_link(1, 0), _link(1, 0), gpus_per_node=8)
     # 2 ranks: exposed 10 ms < compute 20 ms; 4 ranks: exposed 15 ms >= compute 10 ms
     table = forecast.forecast("none", grads, Compute(5.0, 0.0), net, 8, None, 0.0, scales=(1, 2, 4))
@@ -91,12 +91,12 @@ def test_the_first_dominated_n_is_where_exposed_reaches_compute():
     assert table.first_dominated() == 4
 
 
-def test_a_cpu_rank_hides_no_exchange_and_fp16_sends_the_buckets_whole():
-    # 2 ranks at 1 GB/s, 1 ms latency. Two parameters of equal cost: 'a' (first) and 'b' (last). float32 sends the
-    # two ops MindSpore compiles, 'b' (ready at half of backward) then 'a' (ready at its end): 1 + 6 ms, 1 + 4 ms.
+def test_a_cpu_rank_hides_no_exchange_and_fp16_halves_each_bucket():
+    # 2 ranks at 1 GB/s, 1 ms latency. Two parameters of equal cost: 'a' (first) and 'b' (last), a bucket each,
+    # 'b' (ready at half of backward) sent first, then 'a' (ready at its end): 1 + 6 ms, 1 + 4 ms.
     # compute 4 images x 5 ms = 20 ms, backward 2/3 of it = 13.33 ms.
-    grads = Gradients([_Bucket(0, 10_000_000)], [_Bucket(1, 6_000_000), _Bucket(0, 4_000_000)],
-                      [("a", 4_000_000), ("b", 6_000_000)], [1.0, 1.0])
+    grads = Gradients([_Bucket(1, 6_000_000), _Bucket(0, 4_000_000)], [("a", 4_000_000), ("b", 6_000_000)],
+                      [1.0, 1.0])
     net = Network(_link(1, 1000), _link(1, 1000), gpus_per_node=8)
     row = forecast.forecast("none", grads, Compute(5.0, 0.0), net, 8, 4, 0.0, scales=(2,)).rows[0]
     # GPU: 'b' runs 6.67..13.67 ms, 'a' 13.67..18.67 ms: 18.67 - 13.33 = 5.33 ms exposed
@@ -104,9 +104,9 @@ def test_a_cpu_rank_hides_no_exchange_and_fp16_sends_the_buckets_whole():
     # CPU: the ring runs on the rank's own cores, after backward: 7 + 5 = 12 ms, all of it exposed
     cpu = forecast.forecast("none", grads, Compute(5.0, 0.0, hides_exchange=False), net, 8, 4, 0.0, scales=(2,))
     assert (cpu.rows[0].exposed_ms, cpu.rows[0].step_ms) == pytest.approx((12.0, 32.0))
-    # fp16: the reducer flattens the whole bucket (ready when backward ends): 1 + 5 ms
+    # fp16: half the bytes: 'b' runs 6.67..10.67 ms, 'a' 13.33..16.33 ms: 3 ms exposed
     fp16 = forecast.forecast("fp16", grads, Compute(5.0, 0.0), net, 8, 4, 0.0, scales=(2,))
-    assert fp16.rows[0].exposed_ms == pytest.approx(6.0)
+    assert fp16.rows[0].exposed_ms == pytest.approx(3.0)
 
 
 @pytest.mark.slow  # builds ResNet-18 and ResNet-50 and runs a PyNative forward
@@ -124,8 +124,6 @@ def test_buckets_and_backward_costs_come_from_the_real_network():
     # multiply-adds of one forward pass at 224 px: torchvision lists 1.81 G for ResNet-18
     assert sum(grads.costs) == pytest.approx(hardware.GFLOPS_224["resnet18"] * 1e9, rel=0.02)
     assert grads.costs[names.index("fc.weight")] == 512 * 1000
-    # what is sent: MindSpore's fusion pass cuts the two buckets into six AllReduce ops (seen in the saved IR)
-    assert [(b.first, b.last) for b in grads.sends] == [(58, 61), (55, 57), (49, 54), (46, 48), (40, 45), (0, 39)]
     one_group = network_gradients("resnet18", 1000, 32, "")
     assert len(one_group.buckets) == 1 and one_group.buckets[0].first == 0
     split = network_gradients("resnet18", 1000, 32, "30")  # cut after parameter 30, network order
