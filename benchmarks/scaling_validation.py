@@ -14,6 +14,7 @@ local: the same model on what this host runs. mccl's all-reduce over loopback is
   (other jobs' load only adds), and `uptime` is printed with every sweep and run.
 """
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -137,11 +138,21 @@ def sweep(ranks: int, reps: int) -> dict:
     return {int(k): v for k, v in result["seconds"].items()}
 
 
-def fit_link(points: list) -> hardware.Link:
-    """t = latency + x / busbw over (ranks, bytes, seconds), x = 2(n-1)/n * bytes, by least squares of the RELATIVE
-    residuals (weights 1/t^2): sizes span 2000x, so plain least squares would hear only the largest ones, and
-    one loaded 128 MB point could set the latency."""
-    xs = [2 * (n - 1) / n * b for n, b, _ in points]
+def core_share(ranks: int, cores: int) -> float:
+    """The share of a core each rank's ring work gets: mccl's copies and sums run on the rank's own pinned cores
+    (docs/scaling.md, "Nothing hides on a CPU"), so R ranks on C < R cores move bytes C/R as fast."""
+    return min(1.0, cores / ranks)
+
+
+def _local_link(link: hardware.Link, ranks: int, cores: int) -> hardware.Link:
+    return dataclasses.replace(link, busbw_gbs=link.busbw_gbs * core_share(ranks, cores))
+
+
+def fit_link(points: list, cores: int) -> hardware.Link:
+    """t = latency + x / busbw over (ranks, bytes, seconds), x = 2(n-1)/n * bytes / core_share, by least squares
+    of the RELATIVE residuals (weights 1/t^2): sizes span 2000x, so plain least squares would hear only the
+    largest ones, and one loaded 128 MB point could set the latency. busbw is that of ranks with a core each."""
+    xs = [2 * (n - 1) / n * b / core_share(n, cores) for n, b, _ in points]
     ws = [1 / t ** 2 for _, _, t in points]
     ts = [t for _, _, t in points]
     sw, sx, sxx = sum(ws), sum(w * x for w, x in zip(ws, xs)), sum(w * x * x for w, x in zip(ws, xs))
@@ -223,10 +234,11 @@ def measure_local(data_dir: str, steps: int, reps: int, rounds: int, models, ran
                   f"real job {run['measured_rounds_s'][-1]:.3f} s/step (load {_load(run['uptimes'][-2])}, "
                   f"{_load(run['uptimes'][-1])})", flush=True)
     fusion = next(o.default for o in config.TRAIN_OPTIONS if o.name == "allreduce_fusion")  # what training ran
-    return {"sweeps": sweeps, "runs": runs, "allreduce_fusion": fusion}
+    return {"sweeps": sweeps, "runs": runs, "allreduce_fusion": fusion, "cores": len(os.sched_getaffinity(0))}
 
 
 def _predict(grads, link: hardware.Link, ranks: int, compute_s: float, hides: bool = False) -> tuple:
+    # `link`: the rank count's own (_local_link)
     """(exposed all-reduce s, step s) of one rank: its compute-alone step (which already holds msdist's host
     work) plus the exchange; a CPU rank hides none of it (`hides` = the GPU rule, for contrast)."""
     compute = Compute(compute_s * 1000 / LOCAL_PER_RANK_BATCH, 0.0, hides_exchange=hides)
@@ -241,7 +253,8 @@ def predict_local(measured: dict) -> dict:
     from msdist.run.network_cost import network_gradients
     sweeps = {int(n): {int(b): min(r[b] for r in s["seconds_rounds"]) for b in s["seconds_rounds"][0]}
               for n, s in measured["sweeps"].items()}
-    link = fit_link([(n, b, t) for n, s in sweeps.items() for b, t in s.items()])
+    cores = measured.get("cores", len(os.sched_getaffinity(0)))
+    link = fit_link([(n, b, t) for n, s in sweeps.items() for b, t in s.items()], cores)
     rows, grads = [], {}
     for run in measured["runs"]:
         model, ranks = run["model"], run["ranks"]
@@ -249,27 +262,29 @@ def predict_local(measured: dict) -> dict:
             grads[model] = network_gradients(model, LOCAL_CLASSES, LOCAL_IMAGE_SIZE, measured["allreduce_fusion"])
         g = grads[model]
         alone, real = min(run["compute_rounds_s"]), min(run["measured_rounds_s"])
-        exposed, predicted = _predict(g, link, ranks, alone)
-        _, if_hidden = _predict(g, link, ranks, alone, hides=True)
+        ranks_link = _local_link(link, ranks, cores)
+        exposed, predicted = _predict(g, ranks_link, ranks, alone)
+        _, if_hidden = _predict(g, ranks_link, ranks, alone, hides=True)
         fast_alone, fast_real = min(run["compute_fastest_s"]), min(run["measured_fastest_s"])
-        _, fast_predicted = _predict(g, link, ranks, fast_alone)
-        rows.append({**run, "compute_s": alone, "allreduce_ops": len(g.sends), "exposed_s": exposed,
+        _, fast_predicted = _predict(g, ranks_link, ranks, fast_alone)
+        rows.append({**run, "compute_s": alone, "allreduce_ops": len(g.buckets), "exposed_s": exposed,
                      "predicted_s": predicted, "measured_s": real, "error": predicted / real - 1,
                      "if_hidden_predicted_s": if_hidden, "if_hidden_error": if_hidden / real - 1,
                      "fastest_predicted_s": fast_predicted, "fastest_measured_s": fast_real,
                      "fastest_error": fast_predicted / fast_real - 1, "loads": [_load(u) for u in run["uptimes"]]})
-    print_local(sweeps, link, rows)
+    print_local(sweeps, link, cores, rows)
     return {"link": link.__dict__, "rows": rows}
 
 
-def print_local(sweeps: dict, link: hardware.Link, rows: list) -> None:
+def print_local(sweeps: dict, link: hardware.Link, cores: int, rows: list) -> None:
     """The sweep, the fit and the comparison as markdown tables, ready for docs/scaling.md."""
     ranks = sorted(sweeps)
     print("\n| all-reduce size | " + " | ".join(f"{n} ranks (ms)" for n in ranks) + " |")
     print("|---" * (len(ranks) + 1) + "|")
     for nbytes in sorted(set().union(*sweeps.values())):
         print(f"| {nbytes / 2**20:g} MB | " + " | ".join(f"{sweeps[n][nbytes] * 1000:.1f}" for n in ranks) + " |")
-    print(f"\nfitted loopback link: busbw {link.busbw_gbs * 1000:.0f} MB/s, latency {link.latency_us:.0f} us\n")
+    print(f"\nfitted loopback link: busbw {link.busbw_gbs * 1000:.0f} MB/s per rank with a core of its own (x "
+          f"{cores}/R for R > {cores} ranks on these {cores} cores), latency {link.latency_us:.0f} us\n")
     print("| model | ranks | compute alone (s/step) | AllReduce ops | all-reduce, none hidden (s) | predicted | "
           "measured (`mpirun`) | error | if backward hid it (GPU rule) | fastest steps: predicted / measured, error "
           "| load (1 min) after each run |")
@@ -311,13 +326,18 @@ def main() -> int:
         else:
             report["local_measured"] = measure_local(args.data_dir, args.steps, args.reps, args.rounds,
                                                      args.models.split(","), [int(n) for n in args.ranks.split(",")])
+            _write(args.json, report)   # the measurements are kept even if a prediction fails
         report["local"] = predict_local(report["local_measured"])
     report["uptime_end"] = uptime()
     print(f"load: start {report['uptime_start']} | end {report['uptime_end']}")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=1)
+    _write(args.json, report)
     return 0
+
+
+def _write(path: str, report: dict) -> None:
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -143,8 +143,9 @@ def links(network: str, gpu: Optional[str]) -> Tuple[Link, Link]:
 
 # Host work per step outside the compiled graph (batch fetch, dispatch, loss bookkeeping, heartbeat, logging),
 # measured on this host with a graph of negligible compute by benchmarks/host_work.py (docs/performance.md, "Host
-# work per step": 2201 us, median of 300 steps, load 5-6.5). docs/scaling.md "Host work" has a cross-check.
-HOST_OVERHEAD_MS = 2.2
+# work per step": 1140 us, median of 200 steps, load 2.7, with the batch fetched behind the step and the launch's
+# compile check skipped). docs/scaling.md "Host work" has a cross-check.
+HOST_OVERHEAD_MS = 1.1
 # CPU per training image of msdist's input pipeline, one worker, 100 px JPEGs resized to 100 px
 # (`python -m msdist.data bench`, docs/data.md): read+decode 114 us (per source image), resize 18 us and
 # batch (normalize, layout, batch) 72 us (both per output pixel, so they scale with image_size^2).
