@@ -332,7 +332,7 @@ def bucket_gradients(net, split_after: Optional[Sequence[int]], world_size: int)
     return plan
 
 
-def _enable_fusion(config: int) -> None:
+def _enable_fusion(threshold_units: int) -> None:
     """Let the backend fuse each bucket's AllReduce ops (`buckets.fusion_config` as the split threshold).
 
     GPU always runs MindSpore's AllReduceFusion pass; CPU only once `enable_all_reduce_fusion` is set
@@ -343,7 +343,7 @@ def _enable_fusion(config: int) -> None:
     bucket, so each bucket leaves as one op, the messages `msdist.plan_scale` forecasts.
     """
     import mindspore as ms
-    ms.set_auto_parallel_context(comm_fusion={"allreduce": {"mode": "size", "config": config}})
+    ms.set_auto_parallel_context(comm_fusion={"allreduce": {"mode": "size", "config": threshold_units}})
 
 
 class LossAccumulator:
