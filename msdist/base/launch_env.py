@@ -36,8 +36,8 @@ class LaunchEnv:
 # MAX nodes x ranks per node); a resumed job keeps its checkpoint's layout whatever this says.
 BATCH_SLOTS_VAR = "MSDIST_BATCH_SLOTS"
 # Set by msdist.launch in every rank of an elastic job: `--resume auto` restores rank 0's newest good checkpoint on
-# every rank (run/resume_point.py). A rank's own files may be from an older membership (a node that comes back finds
-# its rank's files from before it was lost), and "the newest step all ranks have" would go back to them.
+# every rank (run/options.py `resume_from_rank0`). A rank's own files may be from an older membership (a node that
+# comes back finds its rank's files from before it was lost), and "the newest step all ranks have" would go back.
 RESUME_FROM_RANK0_VAR = "MSDIST_RESUME_FROM_RANK0"
 
 # Where `detect_launch` reads each launcher's rank, world size and local rank (msdist.check --plan says it).

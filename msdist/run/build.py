@@ -69,8 +69,9 @@ def load_data(cfg, dist, collectives, rt, batch_slots: int) -> Data:
                  " | %d steps/epoch (%d left over) | %s", dist.world_size, dist.device_target,
                  dist.backend or "standalone", cfg.batch_size, data.per_rank_batch, len(classes), len(train_split),
                  len(test_split), steps, len(train_split) - steps * cfg.batch_size, rt.summary())
-    if options.describe_layout(cfg, layout):
-        _logger.info("%s", options.describe_layout(cfg, layout))
+    layout_line = options.describe_layout(cfg, layout)
+    if layout_line:
+        _logger.info("%s", layout_line)
     return data
 
 

@@ -13,7 +13,7 @@ from typing import Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from msdist.base.errors import ConfigError
-from msdist.base.launch_env import BATCH_SLOTS_VAR
+from msdist.base.launch_env import BATCH_SLOTS_VAR, RESUME_FROM_RANK0_VAR
 from msdist.cluster import runtime
 from msdist.data import augment, pipeline, plan
 from msdist.engine import optim, precision
@@ -64,7 +64,11 @@ def batch_slots(cfg, world_size: int, environ: Mapping[str, str] = os.environ) -
     Raises:
         ConfigError: MSDIST_BATCH_SLOTS is not a whole number of at least the world size.
     """
-    recorded = resumed_slots(cfg, world_size)
+    return slots_for(resumed_slots(cfg, world_size), world_size, environ)
+
+
+def slots_for(recorded: Optional[int], world_size: int, environ: Mapping[str, str] = os.environ) -> int:
+    """`batch_slots` from the slots the resumed checkpoint recorded (`resumed_slots`; None for a fresh start)."""
     if recorded is not None:
         return max(recorded, world_size)
     text = environ.get(BATCH_SLOTS_VAR, "")
@@ -74,6 +78,12 @@ def batch_slots(cfg, world_size: int, environ: Mapping[str, str] = os.environ) -
         raise ConfigError(f"{BATCH_SLOTS_VAR}={text!r}: the batch layout needs a whole number of slots of at least "
                           f"the world size {world_size}; set it to the most ranks the job may have, or unset it")
     return int(text)
+
+
+def resume_from_rank0(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether `--resume auto` restores rank 0's newest good checkpoint on every rank whatever the ranks' own files
+    say: an elastic job's (`launch_env.RESUME_FROM_RANK0_VAR`, set by msdist.launch --nnodes MIN:MAX)."""
+    return bool(environ.get(RESUME_FROM_RANK0_VAR))
 
 
 def batch_layout(cfg, slots: int, world_size: int, rank: int) -> plan.BatchLayout:

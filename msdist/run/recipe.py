@@ -74,10 +74,11 @@ def review(cfg, world_size: int, device_target: str) -> List[str]:
         ConfigError: `check_amp_dtype`.
     """
     # The original job's micro-batches (its batch layout), which a job that changed its world size keeps.
-    slots = options.batch_slots(cfg, world_size)
+    resumed = options.resumed_slots(cfg, world_size)   # one read of the checkpoint resumed
+    slots = options.slots_for(resumed, world_size)
     plan = options.step_plan(cfg, device_target, options.batch_layout(cfg, slots, slots, 0))
     check_amp_dtype(plan.amp_level, plan.amp_dtype, device_target)
-    return layout_warnings(cfg, world_size, slots, options.resumed_slots(cfg, world_size)) + \
+    return layout_warnings(cfg, world_size, slots, resumed) + \
         recipe_warnings(plan, batch_size=cfg.batch_size, world_size=slots, sync_bn=cfg.sync_bn)
 
 

@@ -4,18 +4,16 @@
   own file. Exact: per-rank state (BatchNorm statistics without sync_bn, top-K residuals) comes back as it
   was, and a corrupt newest file on one rank makes the job go back to the previous step on all of them.
 * Some rank has none (the job grew, or a rank's files are gone), or the job is elastic (msdist.launch --nnodes
-  MIN:MAX sets RESUME_FROM_RANK0_VAR: a rank's own files may be from an older membership): every rank restores
+  MIN:MAX: `options.resume_from_rank0`; a rank's own files may be from an older membership): every rank restores
   rank 0's newest good checkpoint instead of starting fresh. Gradient-compression residuals are rank-local, so
   they are dropped (zeros, as at a fresh start) and one line says so. `--output_dir` must be storage every rank
   sees.
 """
 import logging
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 from msdist.base.errors import CheckpointError
-from msdist.base.launch_env import RESUME_FROM_RANK0_VAR
 from msdist.run import checkpoint
 
 _logger = logging.getLogger(__name__)
@@ -27,15 +25,17 @@ class ResumePoint:
     rank0s: bool          # every rank restores rank 0's file (rank-local state dropped)
 
 
-def agree(directory: str, prefix: str, rank: int, collectives) -> Optional[ResumePoint]:
+def agree(directory: str, prefix: str, rank: int, collectives, elastic: bool = False) -> Optional[ResumePoint]:
     """The checkpoint this rank restores; None when there is none to resume from. A collective.
+
+    Args:
+        elastic: every rank restores rank 0's newest good checkpoint (`options.resume_from_rank0`).
 
     Raises:
         CheckpointError: the ranks cannot all read the checkpoint they agreed on.
     """
     mine = checkpoint.latest_good(directory, prefix, rank)
     steps = collectives.gather([mine.position.global_step if mine else -1])[:, 0]
-    elastic = bool(os.environ.get(RESUME_FROM_RANK0_VAR))
     if steps.min() >= 0 and not elastic:
         return ResumePoint(_own_at(directory, prefix, rank, mine, int(steps.min())), rank0s=False)
     first = checkpoint.latest_good(directory, prefix, 0)

@@ -94,7 +94,8 @@ class Trainer:
         """Restore the checkpoint `--resume` names (every resumable Parameter); where training continues."""
         path, rank0s = self.cfg.resume, False
         if path == "auto":
-            point = resume_point.agree(self.saver.directory, self.saver.prefix, self.dist.rank, self.collectives)
+            point = resume_point.agree(self.saver.directory, self.saver.prefix, self.dist.rank, self.collectives,
+                                       elastic=options.resume_from_rank0())
             if point is None:
                 _logger.info("resume auto: no checkpoint in %s yet; starting fresh", self.saver.directory)
                 return Position()
