@@ -72,6 +72,18 @@ class Job:
         with open(self.err_path, encoding="utf-8", errors="replace") as f:
             return f.read()
 
+    def wait_for_checkpoint(self, rank, at_least_step, limit_s=RUN_LIMIT_S) -> int:
+        """Block until `rank` has a complete checkpoint at `global_step >= at_least_step`; return its step.
+
+        Polled every 50 ms, not read from a heartbeat: beats come every 2 s, long enough for a fast host to run
+        the rest of a tiny job, so a signal sent on a beat can land after the last step."""
+        deadline = time.monotonic() + limit_s
+        while (step := _newest_checkpoint_step(self, rank)) < at_least_step:
+            assert time.monotonic() < deadline, f"rank {rank} saved no step >= {at_least_step}:\n{self.stderr()}"
+            assert self.proc.poll() is None, f"launcher ended early:\n{self.stderr()}"
+            time.sleep(0.05)
+        return step
+
     def wait_for_text(self, text, limit_s=RUN_LIMIT_S) -> float:
         """Block until the launcher printed `text`; return when (monotonic)."""
         deadline = time.monotonic() + limit_s
@@ -287,11 +299,7 @@ def test_kill9_is_named_fast_and_restart_resumes_exactly(tmp_path, background_jo
     with exactly the parameters of the uninterrupted reference run.
     """
     job = Job(tmp_path, "killed", ["-n", "2", "--max_restarts", "1"], EXACT_ARGS)
-    # Polled, not read from a heartbeat (written every 2 s, long enough for a fast host to finish epoch 3).
-    deadline = time.monotonic() + RUN_LIMIT_S
-    while _newest_checkpoint_step(job, 1) < 24:
-        assert time.monotonic() < deadline and job.proc.poll() is None, job.stderr()
-        time.sleep(0.05)
+    job.wait_for_checkpoint(1, 24)
     [epoch2] = _ckpt_files(job, 1, 2)   # complete (12 steps per epoch); rank 1 is now in epoch 3
     with open(epoch2, "r+b") as f:  # corrupt in place: the sidecar's sha256 no longer matches
         f.seek(100)

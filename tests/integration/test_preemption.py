@@ -20,11 +20,13 @@ from msdist.run import checkpoint
 from test_launch import EXACT_ARGS, REPO, Job, assert_same_final_params
 
 # EMA on: an off-schedule save must not synchronise it (nor unify BatchNorm statistics, --dist_bn reduce).
-ARGS = EXACT_ARGS + ["--ema_decay", "0.9"]
-# Epoch 2 of 5 (12 steps each): mid-epoch, after an epoch-end save. Heartbeats come every couple of seconds,
-# so the signal lands up to ~2 s of steps later; a fast host runs the 45 steps left in ~6 s, and a signal after
-# the last step rightly ends the job as finished (exit 0), so the margin must stay wide.
-SIGNAL_AT_STEP = 15
+# 30 epochs of 12 steps: the ranks look for a stop request about once a second of training
+# (preemption.CHECK_EVERY_S), and a fast host runs ~60 of these steps a second; with 5 epochs the job could end
+# before the first check after the signal, and a job that ends first rightly exits 0 (as CI's host showed).
+ARGS = EXACT_ARGS + ["--ema_decay", "0.9", "--epochs", "30"]
+# The ranks are frozen as soon as rank 1's epoch-1 checkpoint (step 12) is complete, and run on once the
+# signal reached them: they stop in an epoch after an epoch-end save, however fast the host.
+SIGNAL_AFTER_SAVE_AT = 12
 AGREED = re.compile(r"the ranks agreed on global step (\d+); checkpoint complete ([\d.]+) s after the signal")
 # The issue's bound from the signal to a complete checkpoint is one step + one save + 10 s; the tiny
 # model's step and save take well under a second each.
@@ -96,6 +98,37 @@ def reference(tmp_path_factory):
         job.proc.wait()
 
 
+def _pending(pid: int, sig: int) -> bool:
+    """Whether `sig` waits for delivery to process `pid` (sent to the process or to one of its threads)."""
+    bit = 1 << (sig - 1)
+    with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    return any(int(fields[k], 16) & bit for k in ("SigPnd", "ShdPnd"))
+
+
+# How long the ranks stay frozen at most: the launchers pass the signal on within their poll interval (0.2-0.5 s).
+# The pending set cannot always show that it arrived: a listener thread waiting in sigwait takes the signal off
+# it even while its process is stopped (and acts on it once the process runs again).
+_FROZEN_S = 3.0
+
+
+def _signal_mid_epoch_2(job, sig=signal.SIGTERM) -> int:
+    """Freeze both ranks right after rank 1's epoch-1 save, send `sig` to the job's launcher, and let the ranks
+    run on once it reached them (by whatever path the launcher passes it on). Returns the step of that save:
+    the ranks stopped at or after it."""
+    saved = job.wait_for_checkpoint(1, SIGNAL_AFTER_SAVE_AT)
+    pids = [job.wait_for_beat(rank)["pid"] for rank in (0, 1)]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    job.proc.send_signal(sig)
+    deadline = time.monotonic() + _FROZEN_S
+    while not all(_pending(pid, sig) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)
+    return saved
+
+
 def _agreed(job) -> tuple:
     """(global step, seconds from the signal to the complete checkpoint) from each rank's log."""
     found = []
@@ -124,12 +157,10 @@ def _resume_and_compare(tmp, job, reference, launcher_args, command=None, env=No
 @pytest.mark.slow
 def test_sigterm_to_launch_saves_at_one_agreed_step_exits_for_requeue_and_resumes_exactly(tmp_path, reference):
     job = Job(tmp_path, "launch", ["-n", "2"], ARGS)
-    job.wait_for_beat(1, at_least_step=SIGNAL_AT_STEP)
-    signalled = job.wait_for_beat(0, at_least_step=SIGNAL_AT_STEP)["global_step"]
-    job.proc.send_signal(signal.SIGTERM)
+    signalled = _signal_mid_epoch_2(job)
     assert job.wait() == preemption.REQUEUE_EXIT, job.stderr()
     step, seconds = _agreed(job)
-    print(f"launch: signal near global step {signalled}, agreed step {step}, checkpoint complete {seconds:.1f} s "
+    print(f"launch: signal after the step-{signalled} checkpoint, agreed step {step}, checkpoint complete {seconds:.1f} s "
           "after the signal")
     assert step >= signalled and seconds <= BOUND_S
     assert f"preempted: every rank saved a checkpoint at global step {step} and exited with 200" in job.stderr()
@@ -153,8 +184,7 @@ def test_mpijob_worker_sigterm_reaches_the_ranks_through_the_relay_and_mpirun_ex
     relay = [sys.executable, "-m", "msdist.cluster.relay", "--", "bash", str(stand_in), *mpirun(2), sys.executable,
              "-m", "msdist.train"]
     job = Job(tmp_path, "mpirun", [], ARGS, command=relay, env={**MPI_ENV, "MPIRUN_STATUS": str(status)})
-    job.wait_for_beat(1, at_least_step=SIGNAL_AT_STEP)
-    job.proc.send_signal(signal.SIGTERM)   # kubelet -> the worker pod's PID 1
+    _signal_mid_epoch_2(job)   # SIGTERM: kubelet -> the worker pod's PID 1
     assert job.wait() == preemption.REQUEUE_EXIT, job.stderr()
     assert status.read_text(encoding="utf-8").strip() == str(preemption.REQUEUE_EXIT)  # the MPIJob launcher's status
     step, seconds = _agreed(job)
@@ -173,8 +203,7 @@ def test_msrun_under_the_relay_saves_at_one_agreed_step(tmp_path):
     command, env = msrun(tmp_path, [])
     relay = [sys.executable, "-m", "msdist.cluster.relay", "--", *command]
     job = Job(tmp_path, "msrun", [], ARGS, command=relay, env={"PATH": env["PATH"]})
-    job.wait_for_beat(1, at_least_step=SIGNAL_AT_STEP)
-    job.proc.send_signal(signal.SIGTERM)
+    _signal_mid_epoch_2(job)
     assert job.wait() == preemption.REQUEUE_EXIT, job.stderr()
     step, seconds = _agreed(job)
     assert seconds <= BOUND_S
