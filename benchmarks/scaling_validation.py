@@ -238,9 +238,9 @@ def measure_local(data_dir: str, steps: int, reps: int, rounds: int, models, ran
 
 
 def _predict(grads, link: hardware.Link, ranks: int, compute_s: float, hides: bool = False) -> tuple:
-    # `link`: the rank count's own (_local_link)
     """(exposed all-reduce s, step s) of one rank: its compute-alone step (which already holds msdist's host
-    work) plus the exchange; a CPU rank hides none of it (`hides` = the GPU rule, for contrast)."""
+    work) plus the exchange over `link` (the rank count's own: `_local_link`); a CPU rank hides none of it
+    (`hides` = the GPU rule, for contrast)."""
     compute = Compute(compute_s * 1000 / LOCAL_PER_RANK_BATCH, 0.0, hides_exchange=hides)
     row = forecast.forecast("none", grads, compute, Network(link, link, ranks), 0, LOCAL_PER_RANK_BATCH, 0.0,
                             scales=(ranks,)).rows[0]

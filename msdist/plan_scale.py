@@ -136,16 +136,13 @@ def as_report(cfg, setup: Setup, grads, tables: Dict[str, forecast.Forecast]) ->
         "input_us_per_image": setup.input_us,
         "gradients": {"tensors": len(grads.sizes), "bytes": sum(n for _, n in grads.sizes),
                       "allreduce_fusion": cfg.allreduce_fusion,
-                      "buckets": [_unit(b) for b in grads.buckets]},
+                      "buckets": [{"bytes": b.nbytes, "first": b.names[0], "last": b.names[-1]}
+                                  for b in grads.buckets]},
         "configured_exchange": "topk" if cfg.grad_compression in ("topk", "threshold") else cfg.grad_compression,
         "topk_ratio": cfg.topk_ratio,
         "forecasts": {name: {"first_dominated_gpus": table.first_dominated(), "rows": [asdict(r) for r in table.rows]}
                       for name, table in tables.items()},
     }
-
-
-def _unit(bucket) -> dict:
-    return {"bytes": bucket.nbytes, "first": bucket.names[0], "last": bucket.names[-1]}
 
 
 TITLES = {"none": "float32 all-reduce (grad_compression none)", "fp16": "fp16 all-reduce (grad_compression fp16)",

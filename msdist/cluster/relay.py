@@ -9,8 +9,8 @@ preemption signal, or SIGTERM (what Kubernetes sends), it sends the preemption s
 the MPIJob launcher pod, whose ranks run on the workers). Once those are gone (the ranks saved at the
 agreed step) it gives COMMAND a few seconds to end by itself (mpirun, msrun), stops it with SIGTERM (sshd),
 and exits with preemption.REQUEUE_EXIT, unless COMMAND ended by itself with 0: the job finished before the
-ranks could take the signal, and a requeue would only start a finished job again. A second signal, later than preemption.REPEAT_S, is passed on
-again: the ranks stop at once. Without a signal it exits with COMMAND's status.
+ranks could take the signal, and a requeue would only start a finished job again. A second signal, later
+than preemption.REPEAT_S, is passed on again: the ranks stop at once. Without a signal it exits with COMMAND's status.
 
 The ranks are found under COMMAND only (the process tree, /proc), never by name across the machine.
 """

@@ -187,8 +187,8 @@ def compile_cache_dir(output_dir: str, config_hash: str, world_size: int, num_cl
         ms_version = version("mindspore")
     except PackageNotFoundError:
         ms_version = "none"
-    key = (f"{config_hash}|world {world_size}|slots {batch_slots or world_size}|classes {num_classes}|device {device_target}|amp {amp_level}|mindspore {ms_version}|"
-           f"{_source_fingerprint()}")
+    key = (f"{config_hash}|world {world_size}|slots {batch_slots or world_size}|classes {num_classes}|"
+           f"device {device_target}|amp {amp_level}|mindspore {ms_version}|{_source_fingerprint()}")
     return os.path.join(output_dir, "compile_cache", hashlib.sha256(key.encode()).hexdigest()[:16])
 
 

@@ -46,10 +46,9 @@ def unify_bn_stats(net, collectives, mode: str, other_slots: Sequence = (), slot
     stats = bn_running_stats(net)
     if not stats:
         return
-    local = np.concatenate([p.asnumpy().astype(np.float64).ravel() for p in stats])
+    local = _flat(stats)
     if mode == "reduce":  # this rank's slots summed: the mean over ranks when it has one (sum / n is numpy's mean)
-        local = sum((np.concatenate([p.asnumpy().astype(np.float64).ravel() for p in other]) for other in other_slots),
-                    local)
+        local = sum((_flat(other) for other in other_slots), local)
     ranks = collectives.gather(local)
     unified = ranks.sum(axis=0) / (slots or collectives.world_size) if mode == "reduce" else ranks[0]
     for params in [stats, *other_slots]:
@@ -57,6 +56,11 @@ def unify_bn_stats(net, collectives, mode: str, other_slots: Sequence = (), slot
         for p in params:
             p.set_data(Tensor(unified[offset:offset + p.size].reshape(p.shape).astype(np.float32)))
             offset += p.size
+
+
+def _flat(params) -> np.ndarray:
+    """The values of `params` as one float64 vector, exactly (float32 widens without rounding)."""
+    return np.concatenate([p.asnumpy().astype(np.float64).ravel() for p in params])
 
 
 _held = ops.MultitypeFuncGraph("held")

@@ -1,7 +1,7 @@
 """The real network's gradients as the forecast needs them: sizes, buckets and each parameter's backward cost.
 
-The parameter list, the buckets and the AllReduce ops MindSpore cuts them into come from `engine.buckets`, the
-functions the training step uses, on the network `models.create_model` builds; so `msdist.plan_scale` and
+The parameter list and the buckets (each one AllReduce op: `buckets.fusion_config`) come from `engine.buckets`,
+the functions the training step uses, on the network `models.create_model` builds; so `msdist.plan_scale` and
 training cannot disagree about what is sent or in which order. A parameter's share of backward time is its
 layer's share of the forward multiply-adds, counted from one forward pass at the run's image size (PyNative,
 forward hooks on every Conv2d and Dense).
@@ -64,5 +64,4 @@ def network_gradients(model: str, num_classes: int, image_size: int, allreduce_f
     sizes = buckets.parameter_sizes(net)
     macs = layer_multiply_adds(net, image_size)
     costs: List[float] = [macs.get(name, 0.0) for name, _ in sizes]  # BatchNorm and biases: next to nothing
-    plan = buckets.plan(sizes, fusion_split(allreduce_fusion))
-    return Gradients(plan, sizes, costs)
+    return Gradients(buckets.plan(sizes, fusion_split(allreduce_fusion)), sizes, costs)
