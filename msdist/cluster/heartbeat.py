@@ -5,11 +5,13 @@ The file is small JSON:
 
 * `time`, `pid`, `rank`, `host`: who wrote it, when (the writer's clock);
 * `epoch` (1-based), `step` (within the epoch), `global_step`: the last optimizer step completed;
-* `phase` and `phase_s`: what the main thread is doing (start-up, compile, data wait, train step,
-  evaluation, checkpoint save, finish) and for how long, as of `time`;
+* `phase` and `phase_s`: what the main thread is doing (start-up, compile, data wait, train step, stop check
+  (the preemption agreement after a step), evaluation, checkpoint save, epoch end (the epoch's loss summed),
+  finish) and for how long, as of `time`;
 * `limit_s`: how long this rank may stay in this phase before it counts as stuck (null: watching is off);
 * `in_collective`: the main thread is inside a host-side collective (`Collectives.gather`: BatchNorm
-  statistics before a save or an evaluation, evaluation counts, the epoch's loss), waiting for the others;
+  statistics before a save or an evaluation, evaluation counts, the epoch's loss, the stop check), waiting for
+  the others;
 * `median_step_s`: the median wall time between the rank's recent steps.
 
 The training loop reports with `enter(phase)` and `step_done(...)`: attribute writes (and one file

@@ -26,6 +26,8 @@ AUTO_STEP_MULTIPLE = 10.0    # ...and at least this many median steps
 # the heartbeat thread (50 s seen on a 2-core machine at load 20).
 UNMEASURED_MULTIPLE = 6.0
 UNMEASURED_FLOOR_S = 600.0
+# The train loop's own phases: a rank's first steps (and its first stop check) wait for the ranks still compiling.
+LOOP_PHASES = ("data wait", "train step", "stop check", "epoch end")
 EXPECTED_MULTIPLE = 3.0      # evaluation, saving, the first steps: the timeout plus 3x what they should take
 
 
@@ -128,7 +130,7 @@ class StallPolicy:
         base = self.base(median_step_s)
         if phase in ("start-up", "compile"):
             return max(base * UNMEASURED_MULTIPLE, UNMEASURED_FLOOR_S)
-        if phase in ("data wait", "train step") and not warm:
+        if phase in LOOP_PHASES and not warm:
             return base + EXPECTED_MULTIPLE * compile_s
         if phase in ("evaluation", "checkpoint save"):
             return base + EXPECTED_MULTIPLE * max(expected_s, measured_s)

@@ -178,9 +178,17 @@ class Trainer:
             at = self._train_step(images, labels, at)
             self._report(at, data_s)
             self._save_by_steps(at)
-            if self._reached(at) or self.stop.stop_at(at.global_step):
+            if self._reached(at) or self._stop_agreed(at):
                 break
         return at
+
+    def _stop_agreed(self, at: Position) -> bool:
+        """Whether every rank stops after `at` (preemption.Agreement): a collective at check steps, in a phase of its
+        own, so that a rank held there by a stuck one says where it waits (heartbeat's stall line)."""
+        self.beat.enter("stop check")
+        agreed = self.stop.stop_at(at.global_step)
+        self.beat.enter("data wait")
+        return agreed
 
     def _train_step(self, images, labels, at: Position) -> Position:
         """One optimizer step (and the EMA's update after it); queued on the device, no host sync."""
@@ -220,6 +228,7 @@ class Trainer:
         # The last epoch's evaluation is the final one, so its epoch summary can show it.
         metrics = self._save_and_evaluate(at, save=complete and self._due(at, self.cfg.save_every_epochs),
                                           evaluate=complete and self._due(at, self.cfg.eval_every_epochs))
+        self.beat.enter("epoch end")   # the epoch's loss summed over ranks: a collective
         loss = float(self.collectives.sum([self.watch.progress.epoch_loss()])[0]) / self.dist.world_size
         self.watch.record(self.watch.progress.end_epoch(loss, metrics))
         return metrics

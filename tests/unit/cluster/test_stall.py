@@ -58,6 +58,9 @@ def test_auto_limits_cover_the_slow_but_healthy_cases():
     assert _limit("auto", "compile") == 1800 and _limit("auto", "start-up") == 1800
     assert _limit("8", "compile") == 600 and _limit("200", "start-up") == 1200
     assert _limit("auto", "train step", warm=False, compile_s=400) == 300 + 3 * 400
+    # The loop's collectives between steps wait for the ranks still compiling too.
+    assert _limit("10", "stop check", warm=False, compile_s=40) == _limit("10", "epoch end", warm=False, compile_s=40) \
+        == 10 + 3 * 40
     # Evaluating a 17k-image Test split on 2 ranks, 32 per batch, at ResNet-50's 2 s step:
     # 265 batches -> expected 530 s, allowed 300 + 3 x 530.
     batches = 17000 // 2 // 32

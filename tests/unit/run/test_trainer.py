@@ -135,3 +135,20 @@ def test_an_old_checkpoint_restores_position_weights_and_training_state(tmp_path
     assert {p.name for p in restored} == set(saved)
     for param in restored:
         np.testing.assert_array_equal(param.asnumpy(), saved[param.name].asnumpy(), err_msg=param.name)
+
+
+def test_the_stop_check_after_a_step_has_a_phase_of_its_own(tmp_path):
+    """The preemption check after a step is a collective (preemption.Agreement): a rank held there by a stuck one
+    must say so in the stall line, not look like a rank waiting for its data."""
+    from types import SimpleNamespace
+    from msdist.cluster import heartbeat
+    from msdist.cluster.stall import StallPolicy
+    from msdist.run.trainer import Trainer
+    beat = heartbeat.Heartbeat(str(tmp_path), 0, StallPolicy.from_options({}))
+    beat.step_done(1, 12, 12)
+    beat.enter("data wait")
+    during = []
+    stop = SimpleNamespace(stop_at=lambda step: during.append((step, beat.snapshot()["phase"])) or False)
+    assert Trainer._stop_agreed(SimpleNamespace(beat=beat, stop=stop), Position(1, 12, 12)) is False
+    assert during == [(12, "stop check")]
+    assert beat.snapshot()["phase"] == "data wait"   # then the loop waits for the next batch
