@@ -31,6 +31,18 @@ def add_crash_hook(hook) -> None:
     _CRASH_HOOKS.append(hook)
 
 
+def whole_lines() -> None:
+    """Make each console line one write(2), even under PYTHONUNBUFFERED=1 (common in containers).
+
+    Unbuffered, print() writes the text and its newline in two calls, so under mpirun and msrun, which merge
+    every rank's output into one stream, another rank's line can land between them: two lines become one.
+    Line buffering writes a line whole (a pipe keeps a write of up to 4 KiB whole) and still shows it at once.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):  # a test harness may have replaced it with a plain object
+            stream.reconfigure(line_buffering=True, write_through=False)
+
+
 def cli_main(func):
     """Wrap a CLI main: UserError -> `msdist: error: ...` and exit 2; a crash -> one line, traceback to the log.
 
@@ -39,6 +51,7 @@ def cli_main(func):
     """
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        whole_lines()
         try:
             return func(*args, **kwargs)
         except UserError as e:
@@ -60,7 +73,7 @@ def cli_main(func):
             where = next((h.baseFilename for h in _crash_logger.handlers if hasattr(h, "baseFilename")), None)
             first = first_line(str(e))
             hint = f"; full traceback in {where}" if where else ""
-              # under mpirun the console mixes every rank's lines
+            # The rank label: under mpirun the console mixes every rank's lines.
             print(f"msdist: {type(e).__name__}: {first}{launch_env.rank_label(os.environ)}{hint}", file=sys.stderr, flush=True)
             if where is None:
                 raise

@@ -12,6 +12,8 @@ The file is small JSON:
 * `in_collective`: the main thread is inside a host-side collective (`Collectives.gather`: BatchNorm
   statistics before a save or an evaluation, evaluation counts, the epoch's loss, the stop check), waiting for
   the others;
+* `loop_state`: the kernel's state letter for the main thread ("S" asleep, "R" running, "D" in uninterruptible I/O,
+  "t" stopped by a debugger; "" unknown);
 * `median_step_s`: the median wall time between the rank's recent steps.
 
 The training loop reports with `enter(phase)` and `step_done(...)`: attribute writes (and one file
@@ -93,6 +95,7 @@ class Heartbeat:
         self.interval_s = interval_s
         self._host = socket.gethostname()
         self._loop_thread = threading.get_ident()   # the training loop's (created where it runs)
+        self._loop_stat = f"/proc/self/task/{threading.get_native_id()}/stat"
         # Written by the loop, read by the thread. Each is replaced whole (one reference assignment), so
         # the thread never sees half an update and the loop never waits for a lock.
         self._position = (0, 0, 0)                          # epoch (1-based), step in epoch, global step
@@ -154,6 +157,7 @@ class Heartbeat:
         return {"time": now, "pid": os.getpid(), "rank": self.rank, "host": self._host, "epoch": epoch, "step": step,
                 "global_step": global_step, "phase": phase, "phase_s": round(now - began, 3),
                 "in_collective": _in_collective(sys._current_frames().get(self._loop_thread)),  # noqa: SLF001
+                "loop_state": _state_letter(self._loop_stat),
                 "limit_s": None if limit is None else round(limit, 1),
                 "median_step_s": None if median is None else round(median, 4)}
 
@@ -224,15 +228,30 @@ class Tracker:
         return states
 
 
+# Main-thread states that say by themselves that a rank holds the job up: a thread waiting for the other ranks
+# in a collective sleeps ("S") or spins ("R"), it is never stopped or in uninterruptible I/O.
+_HELD = {"t": "its main thread is stopped by a debugger", "T": "its main thread is stopped",
+         "D": "its main thread is in uninterruptible I/O: a dead disk or network file system?"}
+
+
+def _began_next_step(beat: dict) -> bool:
+    """Past every phase between step `global_step` and the next (data wait, saves, stop check, evaluation,
+    epoch end): in the next step's own."""
+    return beat.get("phase") == "train step"
+
+
 def _waiting(beat: dict) -> bool:
-    """In a collective that waits for the other ranks: a train step's, or a host-side one."""
-    return beat.get("phase") == "train step" or bool(beat.get("in_collective"))
+    """In a collective that waits for the other ranks (a train step's, or a host-side one), not held there
+    by its own main thread."""
+    return (beat.get("phase") == "train step" or bool(beat.get("in_collective"))) and \
+        beat.get("loop_state") not in _HELD
 
 
 def _blame_order(state: RankState):
-    """The rank that holds the others up: the furthest behind; then one not waiting in a collective (the
-    others wait there for it); then a silent one; then the one stuck longest."""
-    return (state.beat["global_step"], _waiting(state.beat), not state.silent, -state.stuck_s)
+    """The rank that holds the others up: the furthest behind, by step and then by phase; then one not waiting
+    in a collective (the others wait there for it); then a silent one; then the one stuck longest."""
+    return (state.beat["global_step"], _began_next_step(state.beat), _waiting(state.beat), not state.silent,
+            -state.stuck_s)
 
 
 def _where(beat: dict) -> str:
@@ -262,6 +281,8 @@ class Stall:
         beat = self.culprit.beat
         text = (f"rank {self.rank} (host {beat.get('host', '?')}) stuck in {beat.get('phase')} at step "
                 f"{beat['global_step']} for {self.culprit.stuck_s:.0f} s")
+        if beat.get("loop_state") in _HELD:
+            text += f" ({_HELD[beat['loop_state']]})"
         if self.culprit.silent:
             text += f" (no heartbeat for {self.culprit.silent_s:.0f} s: the process is stopped or hung)"
         groups: Dict[str, List[int]] = {}
@@ -278,13 +299,18 @@ class Stall:
                 "ranks": {str(s.rank): s.beat for s in [self.culprit, *self.others]}}
 
 
-def _process_state(pid: int) -> str:
-    """The state letter of a process of this host from /proc/PID/stat ("R", "S", "T"...), "" when it is gone."""
+def _state_letter(stat_path: str) -> str:
+    """The state letter in a /proc stat file ("R", "S", "D", "T", "t"...), "" when its process or thread is gone."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+        with open(stat_path, encoding="utf-8") as f:
             return f.read().rsplit(")", 1)[1].split()[0]  # the field after "(command name)"
     except (OSError, IndexError):
         return ""
+
+
+def _process_state(pid: int) -> str:
+    """The state letter of a process of this host, "" when it is gone."""
+    return _state_letter(f"/proc/{pid}/stat")
 
 
 def is_stopped(pid: int) -> bool:

@@ -25,6 +25,7 @@ STALL_S = 10         # the scaled-down --stall_timeout of the runs that must sto
 # Rank 0 waits where rank 1's last queued step left it (the steps are queued, so a frozen main thread's last one
 # may still finish): in the next step, or in a collective after a step (the stop check, the epoch's loss), named.
 RANK_0_WAITS = re.compile(r"rank 0 waiting in (step \d+|stop check at step \d+|epoch end at step \d+)")
+FROZEN = "(its main thread is stopped by a debugger)"   # the kernel's "t": the tests' ptrace freeze
 LONG_RUN = ("--epochs", 1000, "--max_steps", 100000, "--log_every", 50, "--save_every_epochs", 1000)
 
 
@@ -85,6 +86,7 @@ def test_mpirun_rank_with_a_stuck_main_thread_ends_the_job_named(tmp_path):
     assert took < STALL_S + 30, f"the job took {took:.0f} s to end"
     named = [line for line in err.splitlines() if line.startswith("msdist: job failed: rank 1 (host ")]
     assert len(named) == 1 and "stuck in " in named[0] and RANK_0_WAITS.search(named[0]), err[-3000:]
+    assert FROZEN in named[0], named[0]
     assert len([line for line in err.splitlines() if line.startswith("msdist")]) == 1, err[-3000:]
     record = _failure_record(out / "logs")
     assert record["rank"] == 1 and record["kind"] == "stall" and record["message"] in named[0]
@@ -116,7 +118,7 @@ def test_launch_stall_is_named_then_restart_finishes_like_an_uninterrupted_run(t
     assert stalled.wait() == 0, stalled.stderr()
     named = [line for line in stalled.stderr().splitlines() if "stuck in" in line]
     assert len(named) == 1 and named[0].startswith("msdist.launch: rank 1 (host "), stalled.stderr()
-    assert RANK_0_WAITS.search(named[0]) or "rank 0 in " in named[0], named[0]
+    assert (RANK_0_WAITS.search(named[0]) or "rank 0 in " in named[0]) and FROZEN in named[0], named[0]
     record = _failure_record(logs)
     assert record["rank"] == 1 and record["kind"] == "stall" and record["message"] in named[0]
     assert _stacks_dumped(logs, 0) and _stacks_dumped(logs, 1)
@@ -214,7 +216,7 @@ def test_msrun_rank_with_a_stuck_main_thread_ends_the_job(tmp_path):
     with open(tmp_path / "msrun_logs" / "worker_0.log", encoding="utf-8", errors="replace") as f:
         assert "msdist: job failed: rank 1 (host " in f.read(), console[-3000:]
     record = _failure_record(out / "logs")
-    assert record["rank"] == 1 and record["kind"] == "stall", record
+    assert record["rank"] == 1 and record["kind"] == "stall" and FROZEN in record["message"], record
     assert _stacks_dumped(out / "logs", 0) and _stacks_dumped(out / "logs", 1)
 
 

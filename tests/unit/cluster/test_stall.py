@@ -1,6 +1,7 @@
 """Stall detection by progress (cluster/stall.py, heartbeat.py): the one option family, the auto limits,
 heartbeat phases and the verdict."""
 import os
+import threading
 import time
 
 import pytest
@@ -129,6 +130,52 @@ def test_in_the_same_phase_the_rank_not_waiting_in_a_collective_is_blamed(tmp_pa
     stall = heartbeat.find_stall(tracker.poll(), StallPolicy.from_options({}))
     assert stall.line() == ("rank 1 (host a) stuck in checkpoint save at step 12 for 65 s; "
                             "rank 0 waiting in checkpoint save at step 12")
+
+
+def test_a_rank_still_between_steps_is_behind_one_in_the_next_step(tmp_path):
+    # Seen on CI: rank 1 froze inside the stop check after step 19 once its part of the AllGather was done, so
+    # rank 0 went on into step 20 and waited there, in its phase longer. Rank 1 is behind: it is named.
+    tracker = heartbeat.Tracker({r: heartbeat.path_for(str(tmp_path), r) for r in range(2)})
+    _write_beat(tmp_path, 0, phase="train step", phase_s=64.0, global_step=19)
+    _write_beat(tmp_path, 1, phase="stop check", phase_s=62.0, global_step=19, in_collective=True)
+    stall = heartbeat.find_stall(tracker.poll(), StallPolicy.from_options({}))
+    assert stall.line() == "rank 1 (host a) stuck in stop check at step 19 for 62 s; rank 0 waiting in step 20"
+
+
+def test_a_rank_whose_main_thread_is_stopped_is_not_waiting_for_the_others(tmp_path):
+    # Both in step 38, rank 0 there longer (it arrived first, then rank 1 froze before its part of the
+    # all-reduce): the kernel's state of rank 1's main thread tells them apart.
+    tracker = heartbeat.Tracker({r: heartbeat.path_for(str(tmp_path), r) for r in range(2)})
+    _write_beat(tmp_path, 0, phase_s=70.0, loop_state="S")
+    _write_beat(tmp_path, 1, phase_s=65.0, loop_state="t")
+    stall = heartbeat.find_stall(tracker.poll(), StallPolicy.from_options({}))
+    assert stall.line() == ("rank 1 (host a) stuck in train step at step 37 for 65 s (its main thread is stopped by "
+                            "a debugger); rank 0 waiting in step 38")
+    _write_beat(tmp_path, 1, phase_s=66.0, loop_state="D", time=time.time() + 1)
+    assert "(its main thread is in uninterruptible I/O" in heartbeat.find_stall(tracker.poll(), StallPolicy.from_options({})).line()
+
+
+def test_the_heartbeat_reports_its_loop_threads_state(tmp_path):
+    """Written from the heartbeat's thread about the thread that made it (the loop): asleep in a wait is "S"."""
+    made, release, snaps = threading.Event(), threading.Event(), {}
+
+    def loop():
+        snaps["beat"] = heartbeat.Heartbeat(str(tmp_path), 0, StallPolicy.from_options({}))
+        snaps["running"] = snaps["beat"].snapshot()["loop_state"]
+        made.set()
+        release.wait()
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    try:
+        assert made.wait(10)
+        deadline = time.monotonic() + 10
+        while snaps["beat"].snapshot()["loop_state"] != "S" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert snaps["running"] == "R" and snaps["beat"].snapshot()["loop_state"] == "S"
+    finally:
+        release.set()
+        thread.join()
 
 
 def test_the_heartbeat_sees_its_loop_inside_a_host_collective(tmp_path):
