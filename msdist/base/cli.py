@@ -39,7 +39,7 @@ def whole_lines() -> None:
     Line buffering writes a line whole (a pipe keeps a write of up to 4 KiB whole) and still shows it at once.
     """
     for stream in (sys.stdout, sys.stderr):
-        if hasattr(stream, "reconfigure"):  # a test harness may have replaced it with a plain object
+        if hasattr(stream, "reconfigure"):  # a caller may have put an io.StringIO there: nothing to set
             stream.reconfigure(line_buffering=True, write_through=False)
 
 
