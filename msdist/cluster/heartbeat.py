@@ -13,7 +13,9 @@ The file is small JSON:
   statistics before a save or an evaluation, evaluation counts, the epoch's loss, the stop check), waiting for
   the others;
 * `loop_state`: the kernel's state letter for the main thread ("S" asleep, "R" running, "D" in uninterruptible I/O,
-  "t" stopped by a debugger; "" unknown);
+  "t" stopped by a debugger; "" unknown), and `loop_tid`, that thread's id. A reader on the same host reads the
+  state afresh (`Tracker`), so it is known even when the main thread stopped holding the Python lock and the
+  heartbeat thread fell silent with it;
 * `median_step_s`: the median wall time between the rank's recent steps.
 
 The training loop reports with `enter(phase)` and `step_done(...)`: attribute writes (and one file
@@ -95,7 +97,7 @@ class Heartbeat:
         self.interval_s = interval_s
         self._host = socket.gethostname()
         self._loop_thread = threading.get_ident()   # the training loop's (created where it runs)
-        self._loop_stat = f"/proc/self/task/{threading.get_native_id()}/stat"
+        self._loop_tid = threading.get_native_id()
         # Written by the loop, read by the thread. Each is replaced whole (one reference assignment), so
         # the thread never sees half an update and the loop never waits for a lock.
         self._position = (0, 0, 0)                          # epoch (1-based), step in epoch, global step
@@ -157,7 +159,7 @@ class Heartbeat:
         return {"time": now, "pid": os.getpid(), "rank": self.rank, "host": self._host, "epoch": epoch, "step": step,
                 "global_step": global_step, "phase": phase, "phase_s": round(now - began, 3),
                 "in_collective": _in_collective(sys._current_frames().get(self._loop_thread)),  # noqa: SLF001
-                "loop_state": _state_letter(self._loop_stat),
+                "loop_state": _state_letter(f"/proc/self/task/{self._loop_tid}/stat"), "loop_tid": self._loop_tid,
                 "limit_s": None if limit is None else round(limit, 1),
                 "median_step_s": None if median is None else round(median, 4)}
 
@@ -224,8 +226,16 @@ class Tracker:
             if self._seen.get(rank, (None,))[0] != beat["time"]:
                 self._seen[rank] = (beat["time"], now)
             silent = now - self._seen[rank][1]
-            states.append(RankState(rank, beat, beat.get("phase_s", 0.0) + silent, silent))
+            states.append(RankState(rank, _fresh_loop_state(beat), beat.get("phase_s", 0.0) + silent, silent))
         return states
+
+
+def _fresh_loop_state(beat: dict) -> dict:
+    """`beat` with its main thread's state as this reader sees it now, when that thread is on this host."""
+    if beat.get("host") != socket.gethostname() or not beat.get("loop_tid"):
+        return beat
+    now = _state_letter(f"/proc/{beat.get('pid')}/task/{beat['loop_tid']}/stat")
+    return dict(beat, loop_state=now) if now else beat
 
 
 # Main-thread states that say by themselves that a rank holds the job up: a thread waiting for the other ranks

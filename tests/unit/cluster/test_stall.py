@@ -1,6 +1,10 @@
 """Stall detection by progress (cluster/stall.py, heartbeat.py): the one option family, the auto limits,
 heartbeat phases and the verdict."""
 import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -152,7 +156,8 @@ def test_a_rank_whose_main_thread_is_stopped_is_not_waiting_for_the_others(tmp_p
     assert stall.line() == ("rank 1 (host a) stuck in train step at step 37 for 65 s (its main thread is stopped by "
                             "a debugger); rank 0 waiting in step 38")
     _write_beat(tmp_path, 1, phase_s=66.0, loop_state="D", time=time.time() + 1)
-    assert "(its main thread is in uninterruptible I/O" in heartbeat.find_stall(tracker.poll(), StallPolicy.from_options({})).line()
+    stall = heartbeat.find_stall(tracker.poll(), StallPolicy.from_options({}))
+    assert "(its main thread is in uninterruptible I/O" in stall.line()
 
 
 def test_the_heartbeat_reports_its_loop_threads_state(tmp_path):
@@ -176,6 +181,27 @@ def test_the_heartbeat_reports_its_loop_threads_state(tmp_path):
     finally:
         release.set()
         thread.join()
+
+
+def test_a_reader_on_the_same_host_sees_the_main_threads_state_afresh(tmp_path):
+    """A main thread frozen while it holds the Python lock silences the heartbeat thread too, so the last beat
+    still says "S" (seen once in the mpirun frozen-rank test): the reader reads the state from /proc itself."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        tracker = heartbeat.Tracker({0: heartbeat.path_for(str(tmp_path), 0)})
+        _write_beat(tmp_path, 0, host=socket.gethostname(), pid=child.pid, loop_tid=child.pid, loop_state="S")
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while tracker.poll()[0].beat["loop_state"] != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert tracker.poll()[0].beat["loop_state"] == "T"
+        # Another host's thread cannot be read from here: its beat is taken as written.
+        _write_beat(tmp_path, 0, host="elsewhere", pid=child.pid, loop_tid=child.pid, loop_state="S",
+                    time=time.time() + 1)
+        assert tracker.poll()[0].beat["loop_state"] == "S"
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_the_heartbeat_sees_its_loop_inside_a_host_collective(tmp_path):
