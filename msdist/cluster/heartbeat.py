@@ -230,9 +230,14 @@ class Tracker:
         return states
 
 
+def _on_this_host(beat: dict) -> bool:
+    """Whether `beat`'s process runs where this reader does (its /proc can be read)."""
+    return beat.get("host") == socket.gethostname()
+
+
 def _fresh_loop_state(beat: dict) -> dict:
     """`beat` with its main thread's state as this reader sees it now, when that thread is on this host."""
-    if beat.get("host") != socket.gethostname() or not beat.get("loop_tid"):
+    if not _on_this_host(beat) or not beat.get("loop_tid"):
         return beat
     now = _state_letter(f"/proc/{beat.get('pid')}/task/{beat['loop_tid']}/stat")
     return dict(beat, loop_state=now) if now else beat
@@ -253,8 +258,7 @@ def _began_next_step(beat: dict) -> bool:
 def _waiting(beat: dict) -> bool:
     """In a collective that waits for the other ranks (a train step's, or a host-side one), not held there
     by its own main thread."""
-    return (beat.get("phase") == "train step" or bool(beat.get("in_collective"))) and \
-        beat.get("loop_state") not in _HELD
+    return (_began_next_step(beat) or bool(beat.get("in_collective"))) and beat.get("loop_state") not in _HELD
 
 
 def _blame_order(state: RankState):
@@ -265,7 +269,7 @@ def _blame_order(state: RankState):
 
 
 def _where(beat: dict) -> str:
-    if beat.get("phase") == "train step":
+    if _began_next_step(beat):
         return f"waiting in step {beat['global_step'] + 1}"
     if beat.get("in_collective"):
         return f"waiting in {beat.get('phase')} at step {beat['global_step']}"
@@ -332,7 +336,7 @@ def _too_long_silent(state: RankState, policy: StallPolicy) -> bool:
     """Silent past the policy's silence limit, judged for a process seen alive on this host only: a rank whose
     process ended is gone, not silent (its launcher reports the exit), and another host's cannot be told apart."""
     pid = state.beat.get("pid")
-    if state.beat.get("host") != socket.gethostname() or not pid or _process_state(pid) in ("", "Z", "X"):
+    if not _on_this_host(state.beat) or not pid or _process_state(pid) in ("", "Z", "X"):
         return False
     return state.silent_s > policy.silence_limit(state.beat, is_stopped(pid))[0]
 
