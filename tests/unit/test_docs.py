@@ -11,6 +11,7 @@ GUIDE_MAX_LINES = 400
 # Trees whose files may name a guide (code, error messages, scripts, specs, benchmarks, tests).
 NAMING_TREES = ("msdist", "models", "scripts", "deploy", "benchmarks", "configs", "tests", ".ci")
 NAMING_SUFFIXES = (".py", ".sh", ".yaml", ".yml", ".sbatch", ".md", "Dockerfile", "run")
+SKIPPED_TREE = os.path.join(REPO, "tests", "data")
 # `docs/NAME.md` with an optional `#anchor`, as code and messages write it.
 _DOCS_PATH = re.compile(r"\bdocs/([\w.-]+\.md)(?:#([\w-]+))?")
 # A Markdown link's target, `[text](target)`, without a scheme (http:, mailto:).
@@ -51,7 +52,8 @@ def _missing(target_path, anchor, named_in):
 def _naming_files():
     for tree in NAMING_TREES:
         for root, dirs, files in os.walk(os.path.join(REPO, tree)):
-            dirs[:] = [d for d in dirs if d not in ("data", "__pycache__")]
+            # tests/data holds fixtures written by others (datasets, old checkpoints), not references to guides
+            dirs[:] = [d for d in dirs if d != "__pycache__" and os.path.join(root, d) != SKIPPED_TREE]
             for name in files:
                 if name.endswith(NAMING_SUFFIXES) and name != os.path.basename(__file__):
                     yield os.path.join(root, name)
