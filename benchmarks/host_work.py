@@ -10,7 +10,7 @@ negligible compute (ResNet-18 at 32 px, 2 images per step), so what it measures 
   the previous step (here a 30 ms sleep standing for the device step, outside the timing, and the CPU step),
   so what is timed is collecting it and asking for the next one;
 - dispatch: one launch of a compiled graph that takes the batch and does no work (the launch floor of
-  the step; the step's own ~400 kernel launches run inside MindSpore's runtime, see docs/cluster.md), plus
+  the step; the step's own ~400 kernel launches run inside MindSpore's runtime, see docs/gpu.md#one-step-on-a-gpu-node), plus
   the real train step's pre-run compile check (`TrainStep.compile`, which walks every sub-cell unless the
   batch shape repeats), which the empty graph does not have;
 - loss bookkeeping: none left per step (the step's own graph adds its loss to a device total); listed at 0;

@@ -7,7 +7,7 @@ then the cost of each regularization option. Start-up (build to first batch) and
 first batch) are measured apart; each figure is the median of `--trials` epochs, msdist and native
 alternating in one process (A B B A ...) so that load from other processes hits both alike, and the ratio
 is the median of the per-trial ratios. CPU us/img (process CPU time, all threads, steady part) is printed too: a shared
-host inflates it far less than wall time. The tables go to docs/performance.md ("Input pipeline") unless
+host inflates it far less than wall time. The tables go to benchmarks/results/input_pipeline.md unless
 `--no_write`.
 
 Data: a synthesized tree of Fruits-360's size (131 classes, 67,727 training images at 100x100:
@@ -23,7 +23,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 DATA_DIR = os.path.join(REPO, "data", "fruits360-synth")
-DOC = os.path.join(REPO, "docs", "performance.md")
+DOC = os.path.join(REPO, "benchmarks", "results", "input_pipeline.md")
 BEGIN, END = "<!-- input_pipeline: begin -->", "<!-- input_pipeline: end -->"
 CLASSES, PER_CLASS = 131, 517     # Fruits-360: 131 classes, 67,692 training images
 IMAGE_SIZE, BATCH = 100, 64

@@ -7,7 +7,7 @@
 # Launchers: mpirun (default; OpenMPI from the OS: apt-get install openmpi-bin), or LAUNCHER=msdist for
 # msdist's own launcher (no OpenMPI needed; fail-fast, restarts with --max_restarts K), or LAUNCHER=msrun
 # for MindSpore's msrun (MASTER_PORT, default 8118; its logs in MSRUN_LOG_DIR, default msrun_logs).
-# Cost (2-core AMD EPYC, CPU): ResNet-50 100x100 ~18 img/s for the job; see README "Performance".
+# Cost (2-core AMD EPYC, CPU): ResNet-50 100x100 ~18 img/s for the job; see docs/performance.md (every run: benchmarks/results/throughput.md).
 set -euo pipefail
 if [ $# -lt 1 ] || ! [[ "$1" =~ ^[1-9][0-9]*$ ]]; then
   echo "usage: $0 N --config CONFIG --data_dir DIR [train args...]   (N = number of processes; on GPUs" \

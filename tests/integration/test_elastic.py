@@ -34,7 +34,7 @@ LATE_ARGS = _TINY + ["--epochs", "12", "--log_every", "12"]
 KILL_AT_STEP = 13          # the first step of epoch 2, which the heartbeat writes at once
 EPOCH1_STEP = 12
 EQUIVALENCE = 1e-4         # max |delta weight| against the uninterrupted run
-AGREE_BOUND_S = MEMBER_TIMEOUT_S + 10   # kill -> the next view claimed (docs/launch.md: the bound is 10 s + ~2 s)
+AGREE_BOUND_S = MEMBER_TIMEOUT_S + 10   # kill -> the next view claimed (docs/elastic.md: the bound is 10 s + ~2 s)
 RUN_LIMIT_S = 420
 
 
