@@ -201,8 +201,9 @@ def overlaps_backward(compute: Compute, slots_per_gpu: int = 1) -> bool:
     - accumulation (`grad_accum_steps` > 1, or a rank training several batch slots: an elastic job below its MAX
       nodes): the micro-batches only add to buffers; the reduction runs in the apply graph after all of them
       (engine/step.py, `_ApplyAccumulated`), with no backward left to run beside it;
-    - SyncBN: its backward AllReduce per layer goes on the same communication stream as the gradient buckets,
-      so backward, which needs each layer's result, waits behind every bucket sent before it.
+    - SyncBN: its backward AllReduce per layer runs on the world group's NCCL communicator, as the gradient
+      buckets do, and one communicator runs its collectives one after another in the order issued; so backward,
+      which needs each layer's result to go on, waits behind every bucket sent before it.
     """
     return compute.hides_exchange and compute.accum_steps == 1 and slots_per_gpu == 1 and not compute.sync_bn
 
