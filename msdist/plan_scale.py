@@ -34,7 +34,10 @@ OPTIONS = config.TRAIN_OPTIONS + [
                   "--network)", above=0, hashed=False),
     config.Option("latency_us", float, None, "fixed cost of one collective on either level, us (wins over "
                   "--network)", min=0, hashed=False),
-    config.Option("gpus_per_node", int, 8, "GPUs per node; beyond it the all-reduce is hierarchical", min=1,
+    config.Option("gpus_per_node", int, 8, "GPUs per node; beyond it NCCL's ring crosses the nodes' links", min=1,
+                  hashed=False),
+    config.Option("max_nodes", int, 0, "an elastic job (msdist.launch --nnodes MIN:MAX): its MAX; below MAX nodes "
+                  "each GPU trains several batch slots as micro-batches, with no overlap; 0 = not elastic", min=0,
                   hashed=False),
     config.Option("per_gpu_batch", int, 0, "forecast weak scaling with this batch per GPU; 0 keeps the config's "
                   "global batch_size (strong scaling)", min=0, hashed=False),
@@ -63,8 +66,10 @@ def main(argv=None) -> int:
     # One forward pass on CPU: oneDNN's own ISA choice is fast enough, no probe.
     startup.start_standalone(device_target="CPU", cpu_isa="default")
     grads = network_cost.network_gradients(cfg.model, setup.num_classes, cfg.image_size, cfg.allreduce_fusion)
+    max_gpus = cfg.max_nodes * cfg.gpus_per_node
     tables = {exchange: forecast.forecast(exchange, grads, setup.compute, setup.network, cfg.batch_size,
-                                          cfg.per_gpu_batch or None, setup.input_us, cfg.topk_ratio)
+                                          cfg.per_gpu_batch or None, setup.input_us, cfg.topk_ratio,
+                                          max_gpus=max_gpus)
               for exchange in forecast.EXCHANGES}
     report = as_report(cfg, setup, grads, tables)
     print(json.dumps(report, indent=1) if as_json else render(report))
@@ -76,12 +81,14 @@ def _precision(cfg) -> str:
 
 
 def _compute(cfg) -> Tuple[Compute, str]:
-    """One GPU's compute per image and where it comes from: the measured --step_ms (host work taken out, added back
-    per step), else the table scaled to image_size by pixels."""
+    """One GPU's compute per image and where it comes from: the measured --step_ms (the sink-mode step's host
+    terms taken out, added back per step), else the table scaled to image_size by pixels."""
+    host = dict(host_ms=hardware.SINK_STEP_HOST_MS, accum_steps=cfg.grad_accum_steps, sync_bn=cfg.sync_bn,
+                call_ms=hardware.HOST_OVERHEAD_MS)
     if cfg.step_ms:
-        per_image = max(cfg.step_ms - hardware.HOST_OVERHEAD_MS, 0.0) / cfg.batch_size
+        per_image = max(cfg.step_ms - hardware.SINK_STEP_HOST_MS, 0.0) / cfg.batch_size
         source = f"measured: --step_ms {cfg.step_ms:g} at batch {cfg.batch_size} on one GPU"
-        return Compute(per_image, hardware.HOST_OVERHEAD_MS, cfg.grad_accum_steps), source
+        return Compute(per_image, **host), source
     if not cfg.gpu:
         raise ConfigError(f"say what one GPU computes: --gpu NAME ({', '.join(hardware.GPUS)}) or "
                           f"{hardware.STEP_MS_HOWTO}")
@@ -90,7 +97,7 @@ def _compute(cfg) -> Tuple[Compute, str]:
     per_image = 1000 / rate.images_per_sec * (cfg.image_size / hardware.REFERENCE_SIZE) ** 2
     source = (f"{cfg.gpu.upper()} {kind}: {rate.images_per_sec:.0f} img/s at 224 px, batch {rate.batch} "
               f"({rate.source}), scaled to {cfg.image_size} px")
-    return Compute(per_image, hardware.HOST_OVERHEAD_MS, cfg.grad_accum_steps), source
+    return Compute(per_image, **host), source
 
 
 def _edited(link: hardware.Link, busbw: Optional[float], latency_us: Optional[float]) -> hardware.Link:
@@ -131,7 +138,9 @@ def as_report(cfg, setup: Setup, grads, tables: Dict[str, forecast.Forecast]) ->
         "scaling": "weak" if cfg.per_gpu_batch else "strong",
         "batch": ({"per_gpu": cfg.per_gpu_batch} if cfg.per_gpu_batch else {"global": cfg.batch_size}),
         "compute": {"ms_per_image": setup.compute.ms_per_image, "host_ms_per_step": setup.compute.host_ms,
-                    "grad_accum_steps": setup.compute.accum_steps, "source": setup.compute_source},
+                    "python_ms_per_call": setup.compute.call_ms, "grad_accum_steps": setup.compute.accum_steps,
+                    "sync_bn": setup.compute.sync_bn, "max_nodes": cfg.max_nodes, "source": setup.compute_source},
+        "first_start": hardware.FIRST_START.get(cfg.gpu.upper(), ""),
         "network": {"gpus_per_node": net.gpus_per_node, "intra": asdict(net.intra), "inter": asdict(net.inter)},
         "input_us_per_image": setup.input_us,
         "gradients": {"tensors": len(grads.sizes), "bytes": sum(n for _, n in grads.sizes),
@@ -153,6 +162,16 @@ def _link_text(link: dict) -> str:
     return f"{link['name']} {link['busbw_gbs']:.1f} GB/s, {link['latency_us']:g} us"
 
 
+def _overlap_text(compute: dict) -> str:
+    """What stops backward from hiding the exchange (`forecast.overlaps_backward`); each row's overlap column."""
+    causes = [f"none with grad_accum_steps {compute['grad_accum_steps']} (reduced after all micro-batches)"
+              ] if compute["grad_accum_steps"] > 1 else []
+    causes += ["none with sync_bn (its collectives queue behind the buckets)"] if compute["sync_bn"] else []
+    causes += [f"none below max_nodes {compute['max_nodes']} (several batch slots per GPU, reduced after all of "
+               "them)"] if compute["max_nodes"] else []
+    return "overlap of exchange and backward: " + ("; ".join(causes) or "each bucket leaves once backward made it")
+
+
 def render(report: dict) -> str:
     """The report as text: what it rests on, then one table per gradient exchange."""
     grads, net = report["gradients"], report["network"]
@@ -161,8 +180,10 @@ def render(report: dict) -> str:
                   "(--per_gpu_batch P forecasts weak scaling)")
     sends = ", ".join(f"{b['bytes'] / 2**20:.1f} MB ({b['first']} .. {b['last']})" for b in grads["buckets"])
     lines = [f"msdist.plan_scale: {report['model']} at {report['image_size']} px, {report['num_classes']} classes",
-             f"compute: {report['compute']['ms_per_image']:.3f} ms per image on one GPU ({report['compute']['source']}); "
-             f"host work {report['compute']['host_ms_per_step']:g} ms per step",
+             f"compute: {report['compute']['ms_per_image']:.3f} ms per image on one GPU ({report['compute']['source']})",
+             f"host, sink mode: {report['compute']['host_ms_per_step']:g} ms per step (MindSpore's end-of-step stream "
+             f"sync and next launch) + {report['compute']['python_ms_per_call']:g} ms of Python per chunk of steps",
+             _overlap_text(report["compute"]),
              batch,
              f"network: {net['gpus_per_node']} GPUs per node; inside {_link_text(net['intra'])}; between nodes "
              f"{_link_text(net['inter'])}",
@@ -170,15 +191,18 @@ def render(report: dict) -> str:
              f"allreduce_fusion {grads['allreduce_fusion']!r}, {len(grads['buckets'])} bucket(s) in send order: "
              f"{sends}; one AllReduce op each",
              f"input: {report['input_us_per_image']:.0f} us CPU per image (msdist.data bench; --input_us for yours)"]
+    if report["first_start"]:
+        lines.append(f"first start: {report['first_start']}")
     for name, table in report["forecasts"].items():
         mark = "  <- this config" if name == report["configured_exchange"] else ""
         lines += ["", f"== {TITLES[name].format(ratio=report['topk_ratio'])}{mark}",
-                  f"{'N':>5} {'nodes':>5} {'batch/GPU':>9} {'compute ms':>10} {'exposed ms':>10} {'step ms':>9} "
-                  f"{'img/s':>10} {'eff':>6} {'input cores/GPU':>15}"]
+                  f"{'N':>5} {'nodes':>5} {'batch/GPU':>9} {'compute ms':>10} {'exposed ms':>10} {'host ms':>7} "
+                  f"{'step ms':>9} {'img/s':>10} {'eff':>6} {'input cores/GPU':>15} {'overlap':>7}"]
         for r in table["rows"]:
             lines.append(f"{r['gpus']:>5} {r['nodes']:>5} {r['per_gpu_batch']:>9.4g} {r['compute_ms']:>10.2f} "
-                         f"{r['exposed_ms']:>10.2f} {r['step_ms']:>9.2f} {r['images_per_sec']:>10.0f} "
-                         f"{r['efficiency']:>6.1%} {r['input_cores_per_gpu']:>15.2f}")
+                         f"{r['exposed_ms']:>10.2f} {r['host_ms']:>7.3f} {r['step_ms']:>9.2f} "
+                         f"{r['images_per_sec']:>10.0f} {r['efficiency']:>6.1%} {r['input_cores_per_gpu']:>15.2f} "
+                         f"{'yes' if r['overlapped'] else 'no':>7}")
         first = table["first_dominated_gpus"]
         last = table["rows"][-1]["gpus"] if table["rows"] else 1
         lines.append(f"communication dominates (exposed exchange >= compute) from N = {first}" if first else

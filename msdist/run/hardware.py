@@ -38,7 +38,10 @@ RESNET50: Dict[Tuple[str, str], Throughput] = {
     ("V100", "amp"): Throughput(1200, 256, _DLE + " (DGX-1 16GB, mixed precision)"),
     ("A100", "fp32"): Throughput(938, 256, _DLE + " (DGX A100 80GB, TF32)"),
     ("A100", "amp"): Throughput(2470, 256, _DLE + " (DGX A100 80GB, mixed precision)"),
-    # No H100 row in DeepLearningExamples: 2x A100, Lambda's H100 analysis ("vision models ~2x" A100 SXM).
+    # No H100 row in DeepLearningExamples: 2x A100, Lambda's H100 analysis ("vision models ~2x" A100 SXM), for
+    # frameworks with native sm_90 kernels. MindSpore 2.10's own kernels have none (FIRST_START), so the figure
+    # assumes the convolutions run in cuDNN/cuBLAS builds that carry sm_90 code (CUDA 11.8's) and that the rest,
+    # elementwise and memory-bound, loses little as driver-compiled compute_86 PTX. Not measured; ~30% either way.
     ("H100", "fp32"): Throughput(2 * 938, 256, "derived: 2x the A100 TF32 row (Lambda Labs H100 analysis, vision ~2x)"),
     ("H100", "amp"): Throughput(2 * 2470, 256, "derived: 2x the A100 AMP row (Lambda Labs H100 analysis, vision ~2x)"),
     ("K80", "fp32"): Throughput(52.4, 64, _TF17 + ", EC2 p2.8xlarge distributed table"),
@@ -50,6 +53,20 @@ OTHER_MODELS: Dict[Tuple[str, str, str], Throughput] = {
                                                          "size=64)', Pascal GPU, ResNet-101"),
 }
 GPUS = ("K80", "P100", "V100", "A100", "H100")
+# GPUs newer than the machine code in MindSpore 2.10's GPU kernels, and what their first start costs. Read from the
+# wheel's plugin/gpu/libcuda_ops.so.11 fatbinaries: each of its 407 modules has machine code for sm_60, 61, 70, 75
+# and 80 (139.6 MB for sm_80) and PTX for compute_60 and compute_86 (193 MB uncompressed), so on an sm_90 GPU the
+# driver compiles the compute_86 PTX when the module loads (eagerly: the plugin's CUDA 11.6 runtime has no lazy
+# loading). ptxas 11.8 -O3 for sm_90 compiled 12 random modules (3.65 MB of that PTX) in 5.6 s of CPU on this host:
+# scaled by bytes, ~5 min of one core for all of it, in every rank's process until the JIT cache holds it.
+FIRST_START = {
+    "H100": "MindSpore 2.10's GPU kernels carry machine code up to sm_80 and PTX (compute_86), none for the H100's "
+            "sm_90: at its first start each rank's driver compiles their 193 MB of PTX, ~5 min of one CPU core "
+            "(ptxas 11.8 on a sample, scaled), then keeps it in the CUDA JIT cache (CUDA_CACHE_PATH on a "
+            "persistent volume, CUDA_CACHE_MAXSIZE above the ~140 MB of code); the rows assume that cost paid "
+            "once, and 2x an A100's step (Lambda Labs' ~2x for vision, which needs CUDA 11.8's cuDNN with its sm_90 "
+            "code); not measured",
+}
 
 
 def gpu_throughput(gpu: str, model: str, precision: str) -> Throughput:
@@ -141,11 +158,29 @@ def links(network: str, gpu: Optional[str]) -> Tuple[Link, Link]:
 
 # ------------------------------------------------------------------------------------- this host's costs
 
-# Host work per step outside the compiled graph (batch fetch, dispatch, loss bookkeeping, heartbeat, logging),
+# Host work of one Python call of the train step (batch fetch, dispatch, loss bookkeeping, heartbeat, logging),
 # measured on this host with a graph of negligible compute by benchmarks/host_work.py (docs/performance.md, "Host
 # work per step": 1140 us, median of 200 steps, load 2.7, with the batch fetched behind the step and the launch's
-# compile check skipped). docs/scaling.md "Host work" has a cross-check.
+# compile check skipped). docs/scaling.md "Host work" has a cross-check. In sink mode on GPU (--sink_size, issue
+# 40) one call runs a chunk of K steps, so it is paid once per chunk: SINK_CHUNK_S is the chunk `auto` aims at.
 HOST_OVERHEAD_MS = 1.1
+SINK_CHUNK_S = 0.5
+# What stays in every step in sink mode. MindSpore 2.10's loop-count actor ends each step of its C++ loop with a
+# sync of all streams, and only then sends the next step to the data-prepare actor:
+# mindspore/ccsrc/backend/ms_backend/runtime/actors/base/loop_count_actor.cc (the path the 2.10 wheel's
+# libmindspore_ms_backend.so, commit 2d550373 of r2.10, embeds with the same log lines; read in the public mirror
+# mindspore-ai/mindspore_test at 24081efd), LoopCountActor::RealRun, lines 80-100: "Sync stream in the step end."
+# at line 84, SyncAllStreams at line 90, PostRun at line 99, whose SendOutput sends the data-prepare actor the next
+# step (GetNeedSyncStream in graph_scheduler.cc is true for every training graph). So the GPU idles from the step's
+# last kernel until the host has woken from the sync and launched the next step's first kernel:
+# - SYNC_ROUND_TRIP_US: one host-device round trip, ~20 us on a V100 (NVIDIA's Nsight Systems guide, a PyTorch
+#   elementwise kernel's launch-to-start);
+# - STEP_LAUNCH_US: MindSpore's own work from one step to the next (data prepare, GetNext, the first launch),
+#   bounded by its launch of a compiled graph back to back on this host, Python call included: 72-76 us
+#   (benchmarks/host_work.py's "launch floor", docs/performance.md).
+SYNC_ROUND_TRIP_US = 20.0
+STEP_LAUNCH_US = 75.0
+SINK_STEP_HOST_MS = (SYNC_ROUND_TRIP_US + STEP_LAUNCH_US) / 1000
 # CPU per training image of msdist's input pipeline, one worker, 100 px JPEGs resized to 100 px
 # (`python -m msdist.data bench`, docs/data.md): read+decode 114 us (per source image), resize 18 us and
 # batch (normalize, layout, batch) 72 us (both per output pixel, so they scale with image_size^2).

@@ -1,5 +1,5 @@
-"""`python -m msdist.plan_scale` (#35): the forecast's arithmetic on hand-computed cases, the bucket order taken from
-the real network, the refusals, and the --json document. No timing: the published and local comparisons live in
+"""`python -m msdist.plan_scale` (#35, #40): the refusals, the --json document, what the text says about overlap and
+the H100's first start. No timing: the published and local comparisons live in
 benchmarks/scaling_validation.py (docs/scaling.md)."""
 import json
 import os
@@ -35,10 +35,26 @@ def test_json_holds_every_row_of_every_exchange():
     assert set(report["forecasts"]) == {"none", "fp16", "topk"}
     for table in report["forecasts"].values():
         assert [r["gpus"] for r in table["rows"]] == list(forecast.SCALES)
-        assert set(table["rows"][0]) == {"gpus", "nodes", "per_gpu_batch", "compute_ms", "exposed_ms", "step_ms",
-                                         "images_per_sec", "efficiency", "input_cores_per_gpu", "dominated"}
+        assert set(table["rows"][0]) == {"gpus", "nodes", "per_gpu_batch", "compute_ms", "exposed_ms", "host_ms",
+                                         "step_ms", "images_per_sec", "efficiency", "input_cores_per_gpu",
+                                         "overlapped", "dominated"}
+        assert all(r["overlapped"] for r in table["rows"])
     assert report["gradients"]["buckets"][-1]["first"] == "stem.0.weight"
     assert [b["last"] for b in report["gradients"]["buckets"]] == ["fc.bias", "stages.3.0.conv2.weight"]
+    assert report["first_start"] == ""
     text = run_msdist("plan_scale", ["--config", R18_CONFIG, "--gpu", "A100"]).stdout
     assert "strong scaling: global batch 32 kept" in text and "communication" in text
     assert "2 bucket(s) in send order" in text and "one AllReduce op each" in text
+    assert "sink mode" in text and "first start" not in text
+
+
+def test_h100_states_the_first_start_and_elastic_accumulation_and_sync_bn_have_no_overlap():
+    proc = run_msdist("plan_scale", ["--config", R18_CONFIG, "--gpu", "H100", "--per_gpu_batch", "64", "--max_nodes",
+                                     "2", "--json"])
+    report = json.loads(proc.stdout)
+    assert "sm_80" in report["first_start"] and "sm_90" in report["first_start"]
+    rows = report["forecasts"]["none"]["rows"]
+    assert [r["overlapped"] for r in rows if r["gpus"] <= 32] == [False, False, False, False, True, True]
+    text = run_msdist("plan_scale", ["--config", R18_CONFIG, "--gpu", "A100", "--grad_accum_steps", "2",
+                                     "--sync_bn", "true"]).stdout
+    assert "none with grad_accum_steps 2" in text and "none with sync_bn" in text
