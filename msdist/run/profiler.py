@@ -100,10 +100,15 @@ class StepProfiler:
     @classmethod
     def open(cls, window: Optional[ProfileWindow], rank: int, device_target: str, output_dir: str,
              start_step: int) -> Optional["StepProfiler"]:
-        """The window's profiler on the ranks it covers, unless the run starts past it (resumed); else None."""
-        if window is None or not window.covers(rank) or start_step >= window.last:
+        """The window's profiler on the ranks it covers, unless the run starts past it (resumed); else None.
+        Rank 0 says where every profiled rank will write, covered or not."""
+        if window is None or start_step >= window.last:
             return None
-        return cls(window, rank, device_target, output_dir)
+        if rank == 0:
+            ranks = "every rank" if window.ranks is None else "rank(s) " + ",".join(map(str, window.ranks))
+            _logger.info("profiler: global steps %d-%d on %s, written under %s", window.first, window.last, ranks,
+                         os.path.join(output_dir, PROFILE_DIR, "rank_R", ""))
+        return cls(window, rank, device_target, output_dir) if window.covers(rank) else None
 
     def before_step(self, global_step: int) -> None:
         """Global step `global_step` is about to run: begin collecting at the window's first (or the first step a
