@@ -53,17 +53,27 @@ def _cpu_model() -> str:
     return "unknown CPU"
 
 
-def _measure_core() -> float:
-    out = subprocess.run([sys.executable, "-c", _BENCHMARK], env={**os.environ, **_ONE_THREAD}, check=True,
-                         capture_output=True, text=True, timeout=120)
-    return float(out.stdout.split()[-1])
+def _measure_core() -> Optional[float]:
+    """One core's float32 FLOP/s, None when the child process fails (then the run reports no utilisation)."""
+    try:
+        out = subprocess.run([sys.executable, "-c", _BENCHMARK], env={**os.environ, **_ONE_THREAD}, check=True,
+                             capture_output=True, text=True, timeout=120)
+        return float(out.stdout.split()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
+        _logger.warning("CPU peak not measured (%s): the step line shows no utilisation", e)
+        return None
 
 
-def cpu_core_peak() -> float:
-    """One core's float32 FLOP/s on this host: from the cache, else measured now (about a second) and cached."""
+def cpu_core_peak() -> Optional[float]:
+    """One core's float32 FLOP/s on this host: from the cache, else measured now (about a second) and cached; a
+    cache that cannot be written (a read-only home) is skipped and the figure measured for this run only."""
     path, key = cache_path(), f"{socket.gethostname()} | {_cpu_model()}"
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".lock", "w", encoding="utf-8") as lock:
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        lock = open(path + ".lock", "w", encoding="utf-8")  # pylint: disable=consider-using-with
+    except OSError:
+        return _measure_core()
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)   # the ranks of one host: the first measures, the others read
         try:
             with open(path, encoding="utf-8") as f:
@@ -71,9 +81,12 @@ def cpu_core_peak() -> float:
         except (OSError, ValueError):
             known = {}
         if key not in known:
-            known[key] = _measure_core()
+            measured = _measure_core()
+            if measured is None:
+                return None
+            known[key] = measured
             _logger.info("CPU peak: %.1f GFLOP/s per core (float32 matrix product, measured once; cached in %s)",
-                         known[key] / 1e9, path)
+                         measured / 1e9, path)
             with open(path + ".tmp", "w", encoding="utf-8") as f:
                 json.dump(known, f, indent=1)
             os.replace(path + ".tmp", path)
@@ -101,4 +114,5 @@ def device_peak(device_target: str, amp_level: str, threads_per_rank: int) -> Op
     """One device's peak FLOP/s: a GPU's from the table (None where it holds no row), a CPU rank's threads'."""
     if device_target == "GPU":
         return hardware.gpu_peak_flops(_host_gpu_name(), "fp32" if amp_level == "O0" else "amp")
-    return cpu_core_peak() * threads_per_rank
+    core = cpu_core_peak()
+    return core * threads_per_rank if core else None

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from conftest import _records, run_msdist, tiny_args
+from msdist import report
 from msdist.run import stragglers
 
 WINDOW = (3, 5)
@@ -62,6 +63,7 @@ def test_a_rank_whose_input_is_late_is_named_within_two_log_windows_and_alike_ra
     assert named[0]["input_wait_share"] > 0.3 and named[0]["host"]
     marked = [r["global_step"] for r in windows if r.get("slow_ranks") == [1]]
     assert marked and marked[0] == named[0]["global_step"]
+    assert report.main([str(slowed)]) == 0 and os.path.getsize(slowed / report.RANKS_PNG) > 0
     assert _records(alike, "straggler") == []
     steps = _records(alike, "step")
     assert all(len(r["rank_core_wait"]) == 2 and "slow_ranks" not in r for r in steps)
