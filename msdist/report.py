@@ -194,9 +194,10 @@ def plot_ranks(run: Run, out_path: str) -> None:
     windows = [r for r in run.steps if "rank_step_s" in r]
     fig, (ax_step, ax_wait) = plt.subplots(2, 1, figsize=(12, 7), sharex=True, constrained_layout=True)
     x = [_epoch_axis(r) for r in windows]
-    for rank in range(len(windows[0]["rank_step_s"])):
-        ax_step.plot(x, [r["rank_step_s"][rank] for r in windows], color=f"C{rank}", label=f"rank {rank}")
-        ax_wait.plot(x, [r["rank_input_wait"][rank] for r in windows], color=f"C{rank}", label=f"rank {rank}")
+    for rank in range(max(len(r["rank_step_s"]) for r in windows)):  # a job that changed size: each rank's own
+        held = [(at, r) for at, r in zip(x, windows) if rank < len(r["rank_step_s"])]
+        for ax, key in ((ax_step, "rank_step_s"), (ax_wait, "rank_input_wait")):
+            ax.plot([at for at, _ in held], [r[key][rank] for _, r in held], color=f"C{rank}", label=f"rank {rank}")
     for before, record in zip([0.0] + x, windows):
         for ax in (ax_step, ax_wait) if record.get("slow_ranks") else ():
             ax.axvspan(before, _epoch_axis(record), color="red", alpha=0.12, linewidth=0)

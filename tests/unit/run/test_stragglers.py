@@ -1,4 +1,8 @@
-"""run/stragglers.py: the slow rank named, with its verdict, only when it stays slow."""
+"""run/stragglers.py: the slow rank named, with its verdict, only when it stays slow; msdist.report draws it."""
+import json
+
+import pytest
+
 from msdist.run import stragglers
 from msdist.run.stragglers import COMPUTE_BOUND, INPUT_BOUND, WAITING, StragglerRule, StragglerWatch, slow_ranks
 
@@ -53,3 +57,21 @@ def test_core_wait_is_a_share_of_this_processs_thread_time():
     meter = stragglers.CoreWait()
     sum(i * i for i in range(200000))
     assert 0.0 <= meter.take() <= 1.0
+
+
+@pytest.mark.slow   # matplotlib draws two figures: seconds
+def test_the_report_draws_each_ranks_windows_also_when_the_job_changed_size(tmp_path):
+    """ranks.png from metrics.jsonl alone: 2 ranks, then 3 after an elastic change, rank 1 named slow."""
+    from msdist import report
+    step = {"kind": "step", "epoch": 1, "steps_per_epoch": 10, "loss": 1.0, "lr": 0.1, "images_per_sec": 1.0}
+    records = [{"kind": "run", "global_step": 0, "world_size": 2},
+               {**step, "step": 2, "global_step": 2, "rank_step_s": [0.5, 0.5], "rank_input_wait": [0.0, 0.6]},
+               {**step, "step": 4, "global_step": 4, "rank_step_s": [0.5, 0.5], "rank_input_wait": [0.0, 0.6],
+                "slow_ranks": [1]},
+               {"kind": "straggler", "global_step": 4, "rank": 1, "verdict": INPUT_BOUND, "step_s": 0.5},
+               {**step, "step": 6, "global_step": 6, "rank_step_s": [0.4, 0.4, 0.4],
+                "rank_input_wait": [0.0, 0.1, 0.0]}]
+    (tmp_path / "metrics.jsonl").write_text("".join(f"{json.dumps(r)}\n" for r in records))
+    assert report.main([str(tmp_path)]) == 0
+    assert (tmp_path / report.RANKS_PNG).stat().st_size > 0
+    assert report.load_run(str(tmp_path)).stragglers[0]["rank"] == 1
