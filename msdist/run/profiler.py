@@ -129,6 +129,14 @@ class StepProfiler:
                          "kernel totals in */FRAMEWORK/*op_detail_info*.csv", self.window.first, self.window.last,
                          self.directory)
 
+    def close(self, global_step: int) -> None:
+        """The run ended (its last step, a preemption) inside the window: write what was collected."""
+        if self._profile is not None:
+            self._profile.stop()   # MindSpore warns "Stop profiler while current state is RECORD...", and analyses
+            self._profile = None
+            _logger.info("profile of global steps %d-%d (the run ended inside the window) written to %s",
+                         self.window.first, global_step, self.directory)
+
     def _start(self, global_step: int) -> None:
         from mindspore import profiler as ms_profiler
         names, note = activities(self.device_target, self.device_target == "GPU" and cupti_found())

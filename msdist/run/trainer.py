@@ -136,6 +136,8 @@ class Trainer:
             if at.epoch_complete(self.steps_per_epoch) or not self._preempted:
                 metrics = self._end_epoch(at)  # an epoch's end is on schedule, preempted there or not
         train_seconds = time.perf_counter() - train_start
+        if self.profiler is not None:
+            self.profiler.close(at.global_step)
         if self._preempted:
             return self._save_preempted(at, train_start, train_seconds)
         self.watch.close()

@@ -44,6 +44,16 @@ def test_the_profile_holds_the_windows_steps_and_the_run_says_where(data_dir, tm
     assert 0 < result["flops_utilisation"] < 1
 
 
+@pytest.mark.slow
+def test_a_run_that_ends_inside_the_window_still_writes_its_steps(data_dir, tmp_path):
+    out = tmp_path / "run"
+    proc = run_msdist("train", tiny_args(data_dir, out, "--max_steps", 4, "--profile_steps", "3:9"))
+    assert "profile of global steps 3-4 (the run ended inside the window)" in proc.stdout
+    [detail] = glob.glob(str(out / "profile" / "rank_0" / "*_ascend_ms" / "FRAMEWORK" / "cpu_op_detail_info_0.csv"))
+    with open(detail, encoding="utf-8") as f:
+        assert {k["op_occurrences"] for k in csv.DictReader(f) if "net_with_loss" in k["full_op_name"]} == {"2"}
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_a_rank_whose_input_is_late_is_named_within_two_log_windows_and_alike_ranks_are_not(data_dir, tmp_path):
