@@ -71,34 +71,11 @@ def load_average() -> float:
 
 
 def train_gflop_per_image(model: str, size: int = IMAGE_SIZE) -> float:
-    """Forward + backward FLOPs of one image (3x the forward's 2 x MACs), convolutions and the classifier."""
-    kind, layers = RESNET_LAYOUT[model]
-    macs, side = 0, size
-
-    def conv(cin, cout, k, stride):
-        nonlocal macs, side
-        side = (side + 2 * (k // 2) - k) // stride + 1
-        macs += cin * cout * k * k * side * side
-
-    conv(3, 64, 7, 2)
-    side = (side + 1) // 2  # max-pool, stride 2, "same"
-    cin = 64
-    for stage, (width, depth) in enumerate(zip((64, 128, 256, 512), layers)):
-        for block in range(depth):
-            stride = 2 if stage > 0 and block == 0 else 1
-            start = side
-            out = width * (4 if kind == "bottleneck" else 1)
-            if kind == "bottleneck":
-                conv(cin, width, 1, 1), conv(width, width, 3, stride), conv(width, out, 1, 1)
-            else:
-                conv(cin, width, 3, stride), conv(width, out, 3, 1)
-            if stride != 1 or cin != out:
-                end, side = side, start
-                conv(cin, out, 1, stride)
-                side = end
-            cin = out
-    macs += cin * NUM_CLASSES
-    return 3 * 2 * macs / 1e9
+    """Forward + backward GFLOPs of one image: msdist's own count (msdist/run/flops.py, the one msdist.train
+    reports), on the network msdist trains."""
+    from models import create_model
+    from msdist.run import flops
+    return flops.training_flops_per_image(create_model(model, NUM_CLASSES), size) / 1e9
 
 
 # ---------------------------------------------------------------- child processes

@@ -5,7 +5,9 @@ trains, so a running job can be reported too), `config.yaml` and, once finished,
 Draws loss, accuracy, learning rate and throughput against epoch into one PNG, every run overlaid
 in its own colour, and prints config, world size, best and final accuracy, time and img/s.
 When result.json holds the per-class counts (confusion matrix), a second PNG,
-`{OUTPUT_DIR}/classes.png`, shows the confusion matrix and each class's accuracy.
+`{OUTPUT_DIR}/classes.png`, shows the confusion matrix and each class's accuracy. A run of several ranks gets
+`{OUTPUT_DIR}/ranks.png`: each rank's step time and input-wait share over the run, the log windows in which
+a rank was named slow (run/stragglers.py) shaded.
 Needs matplotlib: `pip install 'msdist[report]'`.
 """
 import argparse
@@ -40,6 +42,7 @@ class Run:
     world_size: Optional[int]
     steps: List[dict] = field(default_factory=list)
     epochs: List[dict] = field(default_factory=list)
+    stragglers: List[dict] = field(default_factory=list)   # the `straggler` records: a rank named slow
 
     def best_accuracy(self) -> Optional[tuple]:
         """(accuracy, epoch) of the best evaluation, None when the run never evaluated."""
@@ -104,7 +107,8 @@ def load_run(path: str, label: Optional[str] = None) -> Run:
     world = result["world_size"] if result else (starts[-1]["world_size"] if starts else None)
     name = label or os.path.basename(os.path.normpath(path))
     return Run(path, name if world is None else f"{name} ({world}p)", config, result, world,
-               [r for r in records if r["kind"] == "step"], [r for r in records if r["kind"] == "epoch"])
+               [r for r in records if r["kind"] == "step"], [r for r in records if r["kind"] == "epoch"],
+               [r for r in records if r["kind"] == "straggler"])
 
 
 def _fmt(value, spec: str = "") -> str:
@@ -180,6 +184,40 @@ def plot(runs: Sequence[Run], out_path: str) -> None:
     plt.close(fig)
 
 
+RANKS_PNG = "ranks.png"
+
+
+def plot_ranks(run: Run, out_path: str) -> None:
+    """Write each rank's step time and input-wait share per log window against epoch; the windows in which a rank
+    was slow (`slow_ranks` of the step records) shaded, and each rank named (`straggler` records) labelled."""
+    plt = _import_pyplot()
+    windows = [r for r in run.steps if "rank_step_s" in r]
+    fig, (ax_step, ax_wait) = plt.subplots(2, 1, figsize=(12, 7), sharex=True, constrained_layout=True)
+    x = [_epoch_axis(r) for r in windows]
+    for rank in range(max(len(r["rank_step_s"]) for r in windows)):  # a job that changed size: each rank's own
+        held = [(at, r) for at, r in zip(x, windows) if rank < len(r["rank_step_s"])]
+        for ax, key in ((ax_step, "rank_step_s"), (ax_wait, "rank_input_wait")):
+            ax.plot([at for at, _ in held], [r[key][rank] for _, r in held], color=f"C{rank}", label=f"rank {rank}")
+    for before, record in zip([0.0] + x, windows):
+        for ax in (ax_step, ax_wait) if record.get("slow_ranks") else ():
+            ax.axvspan(before, _epoch_axis(record), color="red", alpha=0.12, linewidth=0)
+    at_step = {r["global_step"]: _epoch_axis(r) for r in windows}
+    for named in run.stragglers:
+        ax_step.annotate(f"rank {named['rank']} {named['verdict']}", (at_step.get(named["global_step"], 0),
+                         named["step_s"]), fontsize="small", color="red")
+    ax_step.set_title(f"{run.label}: seconds per step, each rank (shaded: a rank named slow)")
+    ax_wait.set_title("share of each rank's step spent waiting for input")
+    ax_step.set_ylabel("s/step")
+    ax_wait.set_ylabel("input wait")
+    ax_wait.set_ylim(0, 1)
+    ax_wait.set_xlabel("epoch")
+    for ax in (ax_step, ax_wait):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.savefig(out_path, dpi=100)
+    plt.close(fig)
+
+
 CLASSES_PNG = "classes.png"
 
 
@@ -245,6 +283,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(summary(runs))
     print(f"\nwrote {out}")
     for run in runs:
+        if any(len(r.get("rank_step_s", ())) > 1 for r in run.steps):
+            ranks_out = os.path.join(run.path, RANKS_PNG)
+            plot_ranks(run, ranks_out)
+            print(f"wrote {ranks_out}")
         if run.result is not None and "confusion_matrix" in run.result:
             classes_out = os.path.join(run.path, CLASSES_PNG)
             plot_classes(run.result, classes_out, run.label)

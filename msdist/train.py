@@ -17,7 +17,7 @@ from msdist.base.cli import cli_main  # noqa: E402 pylint: disable=wrong-import-
 from msdist.base.errors import ConfigError  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.base.files import rank_log_path  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.cluster import heartbeat, runtime, stall, watchdog  # noqa: E402 pylint: disable=wrong-import-position
-from msdist.run import build, config, startup  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.run import build, config, flops, startup  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.run.result import write_result  # noqa: E402 pylint: disable=wrong-import-position
 
 _logger = logging.getLogger("msdist.train")
@@ -78,11 +78,13 @@ def train(started: startup.Started) -> int:
         config.save(cfg, os.path.join(cfg.output_dir, "config.yaml"))
     beat.enter("compile")
     model = build.build_model(cfg, dist, data, started.rt)
+    rate = flops.rate_of(model.net, cfg.image_size, dist, cfg.amp_level, started.rt.threads_per_rank)
     beat.enter("start-up")  # resume, and the first collectives wait for the ranks still compiling
-    outcome = Trainer(cfg, dist, collectives, data, model, beat, launch.kind, listener).fit()
+    outcome = Trainer(cfg, dist, collectives, data, model, beat, launch.kind, listener, rate).fit()
     beat.enter("finish")
     if dist.is_main and not outcome.preempted:
-        _write_result(cfg, _result(cfg, dist, data, model, outcome), outcome.newest)
+        result = {**_result(cfg, dist, data, model, outcome), **rate.fields(outcome.meter.images_per_sec())}
+        _write_result(cfg, result, outcome.newest)
     distributed.finish(launch, dist, collectives)
     return preemption.REQUEUE_EXIT if outcome.preempted else 0
 

@@ -192,6 +192,12 @@ def _in_ld_cache(name: str, root: str) -> bool:
         return False
 
 
+def findable(name: str, root: str, env: Mapping[str, str]) -> bool:
+    """Whether the dynamic linker would find library `name` by itself (no RPATH): its cache or its folders."""
+    dirs = search_dirs((), "", root, env)
+    return _in_ld_cache(name, root) or any(os.path.exists(os.path.join(d, name)) for d in dirs)
+
+
 def is_cuda_stack(name: str) -> bool:
     """A library of the CUDA stack (driver, runtime, cuDNN, NCCL...), which a host must provide."""
     return bool(_CUDA_STACK.match(name))

@@ -23,6 +23,7 @@ from msdist.base.errors import ConfigError, first_line
 from msdist.cluster import preemption, stall
 from msdist.cluster.runtime import CPU_ISA_CHOICES
 from msdist.engine import precision
+from msdist.run import profiler
 
 
 def fusion_split(text: str) -> Optional[List[int]]:
@@ -157,6 +158,17 @@ TRAIN_OPTIONS = [
          "accept neither)", choices=("float16", "bfloat16")),
     _opt("verbose", boolean, False, "show MindSpore's own C++ INFO/WARNING lines", hashed=False),
     _opt("log_every", int, 10, "print a progress line every N steps", min=1, hashed=False),
+    # where the time goes (docs/performance.md, docs/monitoring.md)
+    _opt("profile_steps", str, "", "A:B = run MindSpore's profiler for global steps A to B on --profile_ranks, "
+         "written under {output_dir}/profile/rank_R/ (a Chrome trace and MindStudio Insight's folder); empty = off",
+         hashed=False, check=profiler.parse_steps),
+    _opt("profile_ranks", str, "0", "ranks --profile_steps profiles: comma-separated (0,3) or all", hashed=False,
+         check=profiler.parse_ranks),
+    _opt("straggler_margin", float, 0.2, "name a rank whose input-wait or core-wait share of a step exceeds the "
+         "other ranks' median by this much (0.2 = 20 points), or whose step time exceeds it by this fraction; "
+         "0 = off", min=0, max=1, hashed=False),
+    _opt("straggler_windows", int, 2, "log windows in a row a rank must be slow before it is named", min=1,
+         hashed=False),
     # the stall option family (msdist/cluster/stall.py), which msdist.launch reads from the train options too
     *[_opt(k.name, k.type, k.default, k.help, hashed=False, check=k.parse) for k in stall.KNOBS],
     _opt("tensorboard", boolean, False, "also write TensorBoard scalars under {output_dir}/tb (pip install "

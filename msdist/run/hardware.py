@@ -94,6 +94,26 @@ def gpu_throughput(gpu: str, model: str, precision: str) -> Throughput:
                       f"derived: ResNet-50 row x {ratio:.2f} (torchvision GFLOPS ratio); {base.source}")
 
 
+# Peak dense FLOP/s of one GPU (NVIDIA's data sheets: Tesla K80, P100 SXM2, V100 SXM2, A100 SXM4, H100 SXM5;
+# tensor-core figures without sparsity), for the utilisation msdist.train reports. "fp32" is amp O0, which runs
+# TF32 tensor cores on A100/H100 as the throughput rows above do; "amp" is float16. K80 is one GK210 of the
+# board's two (boost clock); P100 has no tensor cores, its float16 rate is twice its float32.
+PEAK_TFLOPS: Dict[Tuple[str, str], float] = {
+    ("K80", "fp32"): 4.37, ("P100", "fp32"): 10.6, ("P100", "amp"): 21.2,
+    ("V100", "fp32"): 15.7, ("V100", "amp"): 125.0, ("A100", "fp32"): 156.0, ("A100", "amp"): 312.0,
+    ("H100", "fp32"): 494.7, ("H100", "amp"): 989.4,
+}
+
+
+def gpu_peak_flops(model_name: str, precision: str) -> Optional[float]:
+    """One GPU's peak FLOP/s in `precision` ("fp32" or "amp"), from its product name ("Tesla V100-SXM2-16GB",
+    "NVIDIA A100-SXM4-80GB"...); None for a GPU the table does not hold."""
+    for gpu in GPUS:
+        if gpu in model_name.upper() and (gpu, precision) in PEAK_TFLOPS:
+            return PEAK_TFLOPS[(gpu, precision)] * 1e12
+    return None
+
+
 # ----------------------------------------------------------------------------------------------- links
 
 # Share of a link's line rate that a ring all-reduce reaches as bus bandwidth. NCCL's own tests report about

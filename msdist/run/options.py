@@ -17,7 +17,7 @@ from msdist.base.launch_env import BATCH_SLOTS_VAR, RESUME_FROM_RANK0_VAR
 from msdist.cluster import runtime
 from msdist.data import augment, pipeline, plan
 from msdist.engine import optim, precision
-from msdist.run import checkpoint_model, config
+from msdist.run import checkpoint_model, config, profiler, stragglers
 
 
 def num_classes(cfg, classes: Dict[str, int]) -> int:
@@ -40,6 +40,17 @@ def regularization(cfg, classes: int) -> augment.Regularization:
     return augment.Regularization(cfg.train_crop, (cfg.crop_scale_min, cfg.crop_scale_max),
                                   (cfg.crop_ratio_min, cfg.crop_ratio_max), cfg.color_jitter, cfg.mixup, cfg.cutmix,
                                   cfg.label_smoothing, classes)
+
+
+def profile_window(cfg) -> Optional[profiler.ProfileWindow]:
+    """`--profile_steps A:B` on `--profile_ranks` (both checked by `config.parse`); None when off."""
+    steps = profiler.parse_steps(cfg.profile_steps)
+    return profiler.ProfileWindow(*steps, profiler.parse_ranks(cfg.profile_ranks)) if steps else None
+
+
+def straggler_rule(cfg) -> stragglers.StragglerRule:
+    """`--straggler_margin` (0 = off) and `--straggler_windows`."""
+    return stragglers.StragglerRule(cfg.straggler_margin, cfg.straggler_windows)
 
 
 def checkpoint_place(cfg) -> Tuple[str, str]:

@@ -10,6 +10,7 @@ from typing import Optional, TextIO, Tuple
 
 from tqdm import tqdm
 
+from msdist.run.flops import FlopRate
 from msdist.run.meter import Meter
 from msdist.run.position import Position
 
@@ -45,9 +46,9 @@ class Progress:
     """Step lines, the live bar and the epoch summary of one training run.
 
     Every `log_every` steps (and at the end of an epoch or of the run) the step line
-    `epoch e/E step b/B | loss now (avg) | lr | s/step | img/s | data s | pct | eta` goes to the
-    log: the rank's file always, the console too unless a bar is drawn. img/s and the ETAs are the
-    meter's recent rate, data loading included.
+    `epoch e/E step b/B | loss now (avg) | lr | s/step | img/s | data s | pct | eta | TFLOP/s` goes to the
+    log: the rank's file always, the console too unless a bar is drawn. img/s, the ETAs and TFLOP/s are
+    the meter's recent rate, data loading included.
 
     Args:
         epochs: epochs of the whole run.
@@ -56,11 +57,13 @@ class Progress:
         meter: the run's clock.
         max_steps: the run stops after this many steps in total; 0 = no limit.
         bar: stream for the live progress bar (see `terminal`), or None for step lines only.
+        flop_rate: the model's FLOPs and the device's peak (run/flops.py), or None for no TFLOP/s.
     """
 
     def __init__(self, epochs: int, steps_per_epoch: int, log_every: int, meter: Meter, max_steps: int = 0,
-                 bar: Optional[TextIO] = None):
+                 bar: Optional[TextIO] = None, flop_rate: Optional[FlopRate] = None):
         self.epochs, self.steps_per_epoch, self.log_every, self.meter = epochs, steps_per_epoch, log_every, meter
+        self.flop_rate = flop_rate
         full = epochs * steps_per_epoch
         self.total_steps = min(full, max_steps) if max_steps else full
         self.stream = bar
@@ -131,15 +134,17 @@ class Progress:
     def _log_step(self, loss: float, lr: float, step_s: float, data_s: float) -> dict:
         epoch_eta, run_eta = self.eta()
         images_per_sec = self.meter.recent_images_per_sec()
+        rate = self.flop_rate
         _logger.info("epoch %d/%d step %d/%d | loss %.4f (%.4f) | lr %.6f | %.3f s/step | %.1f img/s | data %.3f s"
-                     " | %3.0f%% | eta %s epoch, %s run",
+                     " | %3.0f%% | eta %s epoch, %s run%s",
                      self.epoch, self.epochs, self._step, self.steps_per_epoch, loss, self.epoch_loss(), lr,
                      step_s, images_per_sec, data_s, 100.0 * self._step / self.steps_per_epoch,
                      format_duration(epoch_eta), format_duration(run_eta),
-                     extra={"console": self.stream is None})
+                     f" | {rate.step_line(images_per_sec)}" if rate else "", extra={"console": self.stream is None})
         return {"kind": "step", "epoch": self.epoch, "step": self._step, "steps_per_epoch": self.steps_per_epoch,
                 "global_step": self._global_step, "loss": loss, "lr": lr,
-                "images_per_sec": round(images_per_sec, 3), "time": round(time.time(), 3)}
+                "images_per_sec": round(images_per_sec, 3), "time": round(time.time(), 3),
+                **(rate.fields(images_per_sec) if rate else {})}
 
     def bar_figures(self, loss: float, lr: float) -> str:
         """What the bar shows after its counts: `loss | lr | img/s | eta <epoch>, <run>`, from the meter."""

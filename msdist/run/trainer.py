@@ -31,6 +31,7 @@ from msdist.run.checkpoint_model import model_meta
 from msdist.run.checkpoint_saver import Saver
 from msdist.run.meter import Meter
 from msdist.run.position import Position
+from msdist.run.profiler import StepProfiler
 from msdist.run.watch import Watch
 
 _logger = logging.getLogger(__name__)
@@ -66,10 +67,11 @@ class Trainer:
         beat: this rank's heartbeat (msdist.cluster.heartbeat), told what the loop is doing.
         launch_kind: how the job was started (the progress bar is drawn only on a terminal).
         listener: this rank's `preemption.Listener` (None: the run ignores preemption).
+        flop_rate: the step line's TFLOP/s (`flops.FlopRate`), or None.
     """
 
     def __init__(self, cfg, dist, collectives, data: Data, model: Model, beat, launch_kind: str,
-                 listener: Optional[preemption.Listener] = None):
+                 listener: Optional[preemption.Listener] = None, flop_rate=None):
         self.cfg, self.dist, self.collectives, self.data, self.model = cfg, dist, collectives, data, model
         self.steps_per_epoch = data.steps_per_epoch
         self.beat, self.launch_kind = beat, launch_kind
@@ -82,8 +84,9 @@ class Trainer:
         self.background = BackgroundSaver(self.saver, collectives)   # --save_every_steps
         self.watch: Optional[Watch] = None
         self.saved_at = 0
-        self.listener = listener
+        self.listener, self.flop_rate = listener, flop_rate
         self.stop: Optional[preemption.Agreement] = None
+        self.profiler: Optional[StepProfiler] = None   # --profile_steps, on the ranks it covers
         # What the stall watch scales a save's and an evaluation's allowance from.
         self._state_bytes = sum(p.nbytes for p in model.net.get_parameters()) + \
             sum(p.nbytes for p in state_parameters(model))
@@ -120,7 +123,11 @@ class Trainer:
                                 global_batch=cfg.batch_size, log_every=cfg.log_every, max_steps=cfg.max_steps,
                                 output_dir=cfg.output_dir, tensorboard=cfg.tensorboard,
                                 is_main=self.dist.is_main, world_size=self.dist.world_size,
-                                launch_kind=self.launch_kind, start_step=at.global_step)
+                                launch_kind=self.launch_kind, start_step=at.global_step,
+                                collectives=self.collectives, flop_rate=self.flop_rate,
+                                straggler_rule=options.straggler_rule(cfg))
+        self.profiler = StepProfiler.open(options.profile_window(cfg), self.dist.rank, self.dist.device_target,
+                                          cfg.output_dir, at.global_step)
         self.saved_at, metrics = at.global_step, None
         self.stop = preemption.Agreement(self.listener, self.collectives, at.global_step)
         train_start = time.perf_counter()
@@ -129,6 +136,8 @@ class Trainer:
             if at.epoch_complete(self.steps_per_epoch) or not self._preempted:
                 metrics = self._end_epoch(at)  # an epoch's end is on schedule, preempted there or not
         train_seconds = time.perf_counter() - train_start
+        if self.profiler is not None:
+            self.profiler.close(at.global_step)
         if self._preempted:
             return self._save_preempted(at, train_start, train_seconds)
         self.watch.close()
@@ -192,9 +201,13 @@ class Trainer:
 
     def _train_step(self, images, labels, at: Position) -> Position:
         """One optimizer step (and the EMA's update after it); queued on the device, no host sync."""
+        if self.profiler is not None:
+            self.profiler.before_step(at.global_step + 1)
         self.model.train_step.train_on(images, labels)  # its loss is summed on the device (step.LossAccumulator)
         if self.model.ema is not None:
             self.model.ema()
+        if self.profiler is not None:
+            self.profiler.after_step(at.global_step + 1)
         return at.advanced(self.steps_per_epoch)
 
     def _report(self, at: Position, data_s: float) -> None:
