@@ -1,93 +1,221 @@
-"""Accuracy parity: 1, 2 and 4 data-parallel processes, with and without sync_bn, one global batch.
+"""N cards = 1 card on real data: paired seeds, a confidence interval and an equivalence verdict.
 
-    python benchmarks/accuracy_parity.py [--data_dir ../shared/data/fruits360-4] [--epochs 2] [--model resnet18]
-    python benchmarks/accuracy_parity.py --image_size 32 --epochs 1 --warmup_epochs 0 --lr 0.02 --batch_size 8 \
-        --ranks 4 --seeds 1,2,3
+    python benchmarks/accuracy_parity.py --data_dir DIR --output_dir OUT [--ranks 2] [--seeds 1,2,3,4,5]
+        [--model resnet18 --image_size 64 --epochs 3 --batch_size 128 --lr 0.1 --warmup_epochs 0.5] [--margin 0.5]
 
-Every run trains the same model on the same data for the same number of epochs at the same global
-batch; only the process count and sync_bn change. With several seeds it prints the mean and the
-spread (min..max) per row. The second command is the task that does not saturate: at global batch 8
-and 4 ranks each rank normalizes over 2 images, so per-rank BatchNorm visibly trains a worse model.
-Prints a table (accuracy, test loss, wall time) and JSON.
+Three arms train side by side on the image folder DIR, with the same global batch, learning rate and schedule:
+1 rank; N ranks with per-rank BatchNorm (msdist's default); N ranks with `--sync_bn true`. Every arm runs every
+seed, and a seed's runs are paired: they start from the same weights and train on the same global batches in
+the same order. Each run's result.json says so (`pairing`: a checksum of its initial weights and a digest of
+every global batch) and the benchmark checks it; an unpaired run is named and left out.
+
+Per arm: the mean accuracy over the seeds. Per N-rank arm: the mean paired difference to 1 rank (points), its 95%
+confidence interval (Student's t over the seeds' differences) and an equivalence verdict against +-margin by two
+one-sided t-tests (TOST, alpha 0.05, the same as the 90% interval lying inside the margin). Read the margin against
+the noise floor printed beside it: the 1-rank seed spread and the test set's own sampling error sqrt(p(1-p)/n).
+
+It runs a stated number of epochs. It resumes where it stopped: a run with a result.json is done and read again;
+an unfinished run continues from its newest checkpoint (`--resume auto`). It writes OUT/parity.json and
+OUT/parity.md after every run, so a partial table is always there.
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+from typing import Dict, List, Optional, Sequence
+
+from scipy import stats
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALPHA = 0.05
+ONE_RANK = "1 rank"
 
 
-def run(ranks: int, sync_bn: bool, seed: int, args, out_root: str) -> dict:
-    out = os.path.join(out_root, f"{ranks}p_{'sync' if sync_bn else 'plain'}_seed{seed}")
-    cmd = [sys.executable, "-m", "msdist.train", "--config", os.path.join(REPO, "configs", "resnet18_fruits360.yaml"),
-           "--data_dir", args.data_dir, "--output_dir", out, "--model", args.model, "--image_size",
-           str(args.image_size), "--epochs", str(args.epochs), "--batch_size", str(args.batch_size),
-           "--sync_bn", str(sync_bn).lower(), "--log_every", "1000", "--seed", str(seed)]
-    for name in ("warmup_epochs", "lr"):  # the config's unless given
+def arm_names(ranks: int) -> List[str]:
+    return [ONE_RANK, f"{ranks} ranks", f"{ranks} ranks, sync_bn"]
+
+
+def paired_difference(baseline: Sequence[float], arm: Sequence[float], margin: float) -> dict:
+    """The arm's accuracy minus the baseline's, seed by seed, in points: mean, 95% interval, TOST verdict.
+
+    Args:
+        baseline, arm: accuracies (0-1) of the same seeds, in the same order.
+        margin: the equivalence margin in points (+-).
+
+    Returns:
+        mean, sd, the 95% interval (low, high), the TOST p-value (the larger of the two one-sided tests) and the
+        verdict: "equivalent" (TOST p < 0.05), "worse" or "better" (the 95% interval lies beyond the margin's
+        side of zero and excludes zero), else "inconclusive". With fewer than 2 pairs there is no interval.
+    """
+    diffs = [100.0 * (b - a) for a, b in zip(baseline, arm)]
+    n = len(diffs)
+    mean = statistics.fmean(diffs) if diffs else None
+    if n < 2:
+        return {"pairs": n, "mean": mean, "sd": None, "ci95": None, "tost_p": None, "verdict": "inconclusive"}
+    sd = statistics.stdev(diffs)
+    se = sd / math.sqrt(n)
+    if se == 0.0:  # every seed moved by the same amount: the interval is that point
+        low = high = mean
+        p_tost = 0.0 if -margin < mean < margin else 1.0
+    else:
+        half = stats.t.ppf(1 - ALPHA / 2, n - 1) * se
+        low, high = mean - half, mean + half
+        p_tost = max(stats.t.sf((mean + margin) / se, n - 1), stats.t.cdf((mean - margin) / se, n - 1))
+    if p_tost < ALPHA:
+        verdict = "equivalent"
+    elif high < 0 and mean < -margin:
+        verdict = "worse"
+    elif low > 0 and mean > margin:
+        verdict = "better"
+    else:
+        verdict = "inconclusive"
+    return {"pairs": n, "mean": mean, "sd": sd, "ci95": [low, high], "tost_p": p_tost, "verdict": verdict}
+
+
+def sampling_error(accuracy: float, test_images: int) -> float:
+    """The test set's own standard error of an accuracy, in points: sqrt(p(1-p)/n)."""
+    return 100.0 * math.sqrt(accuracy * (1 - accuracy) / test_images)
+
+
+def paired_seeds(results: Dict[str, Dict[int, dict]], arm: str) -> tuple:
+    """The seeds at which `arm` and 1 rank both finished and are paired, and the names of the unpaired runs."""
+    seeds, unpaired = [], []
+    for seed, result in sorted(results[arm].items()):
+        base = results[ONE_RANK].get(seed)
+        if base is None:
+            continue
+        if result.get("pairing") != base.get("pairing"):
+            unpaired.append(f"{arm} seed {seed}")
+        else:
+            seeds.append(seed)
+    return seeds, unpaired
+
+
+def summarize(results: Dict[str, Dict[int, dict]], ranks: int, margin: float) -> dict:
+    """Everything the table shows, from each finished run's result.json (arm -> seed -> result); a run not paired
+    with the 1-rank run of its seed is named and left out of its arm."""
+    arms, unpaired = {}, []
+    for arm in arm_names(ranks):
+        seeds = sorted(results[arm])
+        if arm != ONE_RANK:
+            seeds, bad = paired_seeds(results, arm)
+            unpaired += bad
+        accs = [results[arm][s]["accuracy"] for s in seeds]
+        row = {"seeds": seeds, "accuracy": accs, "mean": statistics.fmean(accs) if accs else None,
+               "sd_points": 100 * statistics.stdev(accs) if len(accs) > 1 else None}
+        if arm != ONE_RANK:
+            row["vs_1_rank"] = paired_difference([results[ONE_RANK][s]["accuracy"] for s in seeds], accs, margin)
+        arms[arm] = row
+    one = arms[ONE_RANK]
+    noise = {}
+    if one["accuracy"]:
+        test_images = next(iter(results[ONE_RANK].values()))["num_samples"]
+        noise = {"one_rank_spread_points": [100 * min(one["accuracy"]), 100 * max(one["accuracy"])],
+                 "one_rank_sd_points": one["sd_points"], "test_images": test_images,
+                 "sampling_error_points": sampling_error(one["mean"], test_images)}
+    return {"margin_points": margin, "alpha": ALPHA, "arms": arms, "noise_floor": noise, "unpaired": unpaired}
+
+
+def table(summary: dict, setup: str) -> str:
+    """The markdown table of `summarize`'s result."""
+    lines = [setup, "", "| arm | seeds | accuracy, mean | paired difference vs 1 rank (points) | 95% CI | TOST p | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for arm, row in summary["arms"].items():
+        mean = f"{row['mean']:.4f}" if row["mean"] is not None else "-"
+        diff = row.get("vs_1_rank")
+        if diff is None or diff["mean"] is None:
+            cells = ["-", "-", "-", "-"]
+        else:
+            ci = f"[{diff['ci95'][0]:+.2f}, {diff['ci95'][1]:+.2f}]" if diff["ci95"] else "-"
+            p = f"{diff['tost_p']:.3f}" if diff["tost_p"] is not None else "-"
+            cells = [f"{diff['mean']:+.2f}", ci, p, diff["verdict"]]
+        lines.append(f"| {arm} | {len(row['seeds'])} | {mean} | " + " | ".join(cells) + " |")
+    noise = summary["noise_floor"]
+    if noise:
+        lines += ["", f"Noise floor: 1-rank seeds span {noise['one_rank_spread_points'][0]:.2f}.."
+                      f"{noise['one_rank_spread_points'][1]:.2f} % (sd "
+                      f"{noise['one_rank_sd_points'] or 0:.2f} points); the test set's sampling error is "
+                      f"{noise['sampling_error_points']:.2f} points ({noise['test_images']} images). "
+                      f"Margin +-{summary['margin_points']} points, TOST at alpha {summary['alpha']}."]
+    if summary["unpaired"]:
+        lines.append(f"Left out, not paired with the 1-rank run of their seed: {', '.join(summary['unpaired'])}.")
+    return "\n".join(lines) + "\n"
+
+
+def train_command(arm: str, ranks: int, seed: int, run_dir: str, args) -> List[str]:
+    """The msdist command of one run; every arm gets the same options but its rank count and sync_bn."""
+    train = ["-m", "msdist.train", "--config", args.config, "--data_dir", args.data_dir, "--output_dir", run_dir,
+             "--seed", str(seed), "--resume", "auto", "--sync_bn", "true" if arm.endswith("sync_bn") else "false",
+             "--save_every_epochs", "1", "--log_every", "1000"]
+    for name in ("model", "image_size", "epochs", "batch_size", "lr", "warmup_epochs"):
         if getattr(args, name) is not None:
-            cmd += [f"--{name}", str(getattr(args, name))]
-    if ranks > 1:
-        cmd = ["mpirun", "-n", str(ranks), "--oversubscribe"] + cmd
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    start = time.perf_counter()
-    subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
-    wall = time.perf_counter() - start
-    with open(os.path.join(out, "result.json"), encoding="utf-8") as f:
-        result = json.load(f)
-    return {"ranks": ranks, "sync_bn": sync_bn, "accuracy": result["accuracy"], "test_loss": result["loss"],
-            "wall_seconds": round(wall, 1),
-            "images_per_sec": result["images_per_sec"]}
+            train += [f"--{name}", str(getattr(args, name))]
+    train += args.train_args
+    if arm == ONE_RANK:
+        return [sys.executable] + train
+    if args.launcher == "mpirun":
+        return ["mpirun", "-n", str(ranks), "--oversubscribe", sys.executable] + train
+    return [sys.executable, "-m", "msdist.launch", "-n", str(ranks)] + train[2:]
 
 
-def _summary(runs: list) -> dict:
-    """Mean and spread (min, max) of accuracy and test loss over the seeds of one configuration."""
-    out = {"ranks": runs[0]["ranks"], "sync_bn": runs[0]["sync_bn"], "seeds": len(runs),
-           "wall_seconds": statistics.mean(r["wall_seconds"] for r in runs)}
-    for key in ("accuracy", "test_loss"):
-        values = [r[key] for r in runs]
-        out[key] = {"mean": statistics.mean(values), "min": min(values), "max": max(values),
-                    "std": statistics.stdev(values) if len(values) > 1 else 0.0}
-    return out
+def run_once(arm: str, seed: int, args) -> dict:
+    """One run, or its result.json if it finished before; an unfinished run resumes from its newest checkpoint."""
+    run_dir = os.path.join(args.output_dir, arm.replace(" ", "_").replace(",", ""), f"seed{seed}")
+    result_path = os.path.join(run_dir, "result.json")
+    if not os.path.exists(result_path):
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        began = time.perf_counter()
+        with open(os.path.join(args.output_dir, "runs.log"), "a", encoding="utf-8") as log:
+            subprocess.run(train_command(arm, args.ranks, seed, run_dir, args), cwd=REPO, env=env, check=True,
+                           stdout=log, stderr=subprocess.STDOUT)
+        print(f"ran {arm} seed {seed} in {time.perf_counter() - began:.0f} s", file=sys.stderr, flush=True)
+    with open(result_path, encoding="utf-8") as f:
+        return json.load(f)
 
 
-def main() -> None:
+def write_outputs(results: dict, args) -> dict:
+    summary = summarize(results, args.ranks, args.margin)
+    summary["setup"] = {k: v for k, v in vars(args).items() if k != "train_args"} | {"train_args": args.train_args}
+    setup = (f"{args.model or 'config model'}, {args.epochs or 'config'} epochs, global batch "
+             f"{args.batch_size or 'config'}, data {os.path.abspath(args.data_dir)}")
+    with open(os.path.join(args.output_dir, "parity.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1)
+    text = table(summary, setup)
+    with open(os.path.join(args.output_dir, "parity.md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    return summary
+
+
+def parse_args(argv: Optional[List[str]] = None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data_dir", default=os.path.join(REPO, "..", "shared", "data", "fruits360-4"))
-    parser.add_argument("--model", default="resnet18")
-    parser.add_argument("--image_size", type=int, default=64)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch_size", type=int, default=32, help="global batch")
-    parser.add_argument("--ranks", default="2,4", help="process counts compared with 1, e.g. 4")
-    parser.add_argument("--seeds", default="1", help="comma-separated seeds; each configuration runs once per seed")
-    parser.add_argument("--warmup_epochs", type=int, default=None,
-                        help="default: the config's (1); with --epochs 1 pass 0, or the run ends at the peak lr")
-    parser.add_argument("--lr", type=float, default=None, help="default: the config's (0.05, for global batch 32)")
-    args = parser.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
-    configs = [(1, False)] + [(int(n), sync) for n in args.ranks.split(",") for sync in (False, True)]
-    print(f"data: {os.path.abspath(args.data_dir)}", flush=True)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="msdist-parity-") as root:
-        for ranks, sync_bn in configs:  # 1 process: sync_bn would be plain BatchNorm anyway
-            runs = [run(ranks, sync_bn, seed, args, root) for seed in seeds]
-            rows.append(_summary(runs))
-            print(f"done {ranks}p sync_bn={sync_bn}: {[r['accuracy'] for r in runs]}", file=sys.stderr, flush=True)
-    base = rows[0]["accuracy"]["mean"]
-    print(f"\n{args.model} {args.image_size}x{args.image_size}, {args.epochs} epochs, global batch {args.batch_size}, "
-          f"seeds {args.seeds} (mean, min..max)")
-    print("| processes | per-rank batch | sync_bn | accuracy | vs 1p (points) | test loss | wall time |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        acc, loss = r["accuracy"], r["test_loss"]
-        print(f"| {r['ranks']} | {args.batch_size // r['ranks']} | {'yes' if r['sync_bn'] else 'no'} | "
-              f"{acc['mean']:.4f} ({acc['min']:.4f}..{acc['max']:.4f}) | {100 * (acc['mean'] - base):+.1f} | "
-              f"{loss['mean']:.3g} ({loss['min']:.3g}..{loss['max']:.3g}) | {r['wall_seconds']:.0f} s |")
-    print(json.dumps(rows))
+    parser.add_argument("--data_dir", required=True, help="an ImageFolder tree (Training/, Test/)")
+    parser.add_argument("--output_dir", required=True, help="the runs and parity.json; rerun to resume")
+    parser.add_argument("--config", default=os.path.join(REPO, "configs", "resnet18_fruits360.yaml"))
+    parser.add_argument("--ranks", type=int, default=2, help="the N of the N-rank arms")
+    parser.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated; at least 5 for a verdict worth reading")
+    parser.add_argument("--margin", type=float, default=0.5, help="equivalence margin, accuracy points")
+    parser.add_argument("--launcher", choices=("msdist", "mpirun"), default="msdist")
+    for name, kind in (("model", str), ("image_size", int), ("epochs", int), ("batch_size", int), ("lr", float),
+                       ("warmup_epochs", float)):
+        parser.add_argument(f"--{name}", type=kind, default=None, help="default: the config's")
+    parser.add_argument("train_args", nargs="*", help="after --: more msdist.train options, the same for every arm")
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    args = parse_args(argv)
+    os.makedirs(args.output_dir, exist_ok=True)
+    results = {arm: {} for arm in arm_names(args.ranks)}
+    for seed in (int(s) for s in args.seeds.split(",")):  # seed by seed: each finished seed is a pair
+        for arm in results:
+            results[arm][seed] = run_once(arm, seed, args)
+            summary = write_outputs(results, args)
+    print(table(summary, f"written {os.path.join(args.output_dir, 'parity.json')}"), end="")
+    return summary
 
 
 if __name__ == "__main__":

@@ -79,18 +79,24 @@ def train(started: startup.Started) -> int:
     beat.enter("compile")
     model = build.build_model(cfg, dist, data, started.rt)
     rate = flops.rate_of(model.net, cfg.image_size, dist, cfg.amp_level, started.rt.threads_per_rank)
+    initial_weights = distributed.params_checksum(model.net)  # before any resume: result.json's pairing
     beat.enter("start-up")  # resume, and the first collectives wait for the ranks still compiling
     outcome = Trainer(cfg, dist, collectives, data, model, beat, launch.kind, listener, rate).fit()
     beat.enter("finish")
     if dist.is_main and not outcome.preempted:
-        result = {**_result(cfg, dist, data, model, outcome), **rate.fields(outcome.meter.images_per_sec())}
+        result = {**_result(cfg, dist, data, model, outcome, initial_weights),
+                  **rate.fields(outcome.meter.images_per_sec())}
         _write_result(cfg, result, outcome.newest)
     distributed.finish(launch, dist, collectives)
     return preemption.REQUEUE_EXIT if outcome.preempted else 0
 
 
-def _result(cfg, dist, data: "build.Data", model: "build.Model", outcome) -> dict:
-    """result.json: the job's one evaluation and how the run went (`outcome`: trainer.Outcome)."""
+def _result(cfg, dist, data: "build.Data", model: "build.Model", outcome, initial_weights: float) -> dict:
+    """result.json: the job's one evaluation and how the run went (`outcome`: trainer.Outcome).
+
+    `pairing` says what two runs must share to be compared seed by seed (benchmarks/accuracy_parity.py): the
+    weights they started from and every global batch in order, whatever their world sizes.
+    """
     meter = outcome.meter
     first = meter.first_step_s or 0.0
     return {**outcome.metrics, "classes": sorted(data.classes, key=data.classes.get), "world_size": dist.world_size,
@@ -100,6 +106,7 @@ def _result(cfg, dist, data: "build.Data", model: "build.Model", outcome) -> dic
             "first_step_seconds": round(first, 3), "compile_seconds": round(model.compile_seconds, 3),
             "start_to_first_step_seconds": round(outcome.train_start - _PROCESS_START + first, 3),
             "model": cfg.model, "device_target": dist.device_target, "skipped_images": len(data.excluded),
+            "pairing": {"initial_weights": initial_weights, "sample_order": data.sample_order(cfg.epochs)},
             **outcome.ranks}
 
 

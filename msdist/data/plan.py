@@ -203,6 +203,18 @@ def rank_steps(num_samples: int, global_batch: int, epoch: int, seed: int, shuff
                            for s in owned], axis=1)[skip_steps:]
 
 
+def global_batches(num_samples: int, global_batch: int, epoch: int, seed: int, shuffle: bool,
+                   slots: int) -> np.ndarray:
+    """(steps, global batch) samples of one epoch as the `slots` shards deal them, put back in single-card order.
+
+    Slot s holds the batch positions s, s + slots, ...; laid back there, every slot count gives the single-card
+    batches. What a run trains on, independent of its world size: the parity benchmark compares it across runs.
+    """
+    shards = rank_steps(num_samples, global_batch, epoch, seed, shuffle, slots, range(slots))
+    steps, batch = len(shards), per_rank_batch(global_batch, slots)
+    return shards.reshape(steps, slots, batch).transpose(0, 2, 1).reshape(steps, global_batch)
+
+
 def rank_partners(num_samples: int, global_batch: int, epoch: int, seed: int, shuffle: bool, slots: int,
                   owned: Sequence[int], skip_steps: int, mixup: float, cutmix: float):
     """The partners of this rank's samples, laid out as `rank_steps`' (steps, images per step), and each step's Mix."""

@@ -2,6 +2,7 @@
 everything that trains it (`build_model`). `trainer.Trainer` runs them; `msdist.eval` shares the
 data check (`checked_classes`).
 """
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -33,6 +34,14 @@ class Data:
     @property
     def per_rank_batch(self) -> int:
         return self.train_input.batch_size
+
+    def sample_order(self, epochs: int) -> str:
+        """A digest of every global batch of `epochs` epochs, in order: the same on 1 or N ranks (`plan.global_batches`)."""
+        spec, digest = self.train_input, hashlib.sha256()
+        for epoch in range(epochs):
+            digest.update(plan.global_batches(len(self.train), spec.global_batch, epoch, spec.seed, spec.shuffle,
+                                              spec.layout.slots).tobytes())
+        return digest.hexdigest()[:16]
 
 
 def checked_classes(cfg, dist, collectives) -> Tuple[Dict[str, int], Sequence[str]]:

@@ -1,0 +1,83 @@
+"""The parity benchmark's statistics against values worked out by hand (benchmarks/accuracy_parity.py).
+
+t quantiles from the printed tables: t(0.975, 4) = 2.7764, t(0.95, 4) = 2.1318, t(0.975, 2) = 4.3027.
+"""
+import math
+
+import pytest
+
+from benchmarks import accuracy_parity as parity
+
+
+def _result(accuracy, weights=1.0, order="abc", images=400):
+    return {"accuracy": accuracy, "num_samples": images, "pairing": {"initial_weights": weights, "sample_order": order}}
+
+
+def test_paired_difference_matches_the_hand_computed_interval():
+    # differences (points): -1, 0, 1, 2, 3 -> mean 1, sd sqrt(2.5), se sqrt(0.5)
+    base = [0.50, 0.60, 0.70, 0.80, 0.90]
+    arm = [0.49, 0.60, 0.71, 0.82, 0.93]
+    out = parity.paired_difference(base, arm, margin=0.5)
+    assert out["mean"] == pytest.approx(1.0)
+    assert out["sd"] == pytest.approx(math.sqrt(2.5))
+    half = 2.7764 * math.sqrt(0.5)
+    assert out["ci95"] == pytest.approx([1 - half, 1 + half], abs=1e-3)
+    # TOST: the upper test t = (1 - 0.5) / sqrt(0.5) = 0.7071 gives p = P(T4 < 0.7071) ~ 0.741
+    assert out["tost_p"] == pytest.approx(0.741, abs=2e-3)
+    assert out["verdict"] == "inconclusive"
+
+
+def test_equivalent_when_the_90_percent_interval_lies_inside_the_margin():
+    # differences 0.1, -0.1, 0.0, 0.1, -0.1 points: mean 0, se 0.0447; 90% half-width 2.1318 * 0.0447 = 0.095 < 0.5
+    base = [0.5, 0.5, 0.5, 0.5, 0.5]
+    arm = [0.501, 0.499, 0.5, 0.501, 0.499]
+    out = parity.paired_difference(base, arm, margin=0.5)
+    assert out["verdict"] == "equivalent"
+    assert out["tost_p"] < 0.05
+    # and not with a margin narrower than that half-width
+    assert parity.paired_difference(base, arm, margin=0.05)["verdict"] == "inconclusive"
+
+
+def test_a_gap_beyond_the_margin_is_worse():
+    # the issue's three seeds: -1.0, -4.6, -1.6 points
+    out = parity.paired_difference([0.593, 0.583, 0.588], [0.583, 0.537, 0.572], margin=0.5)
+    assert out["mean"] == pytest.approx(-2.4, abs=1e-9)
+    sd = math.sqrt(((1.4) ** 2 + (2.2) ** 2 + (0.8) ** 2) / 2)
+    assert out["sd"] == pytest.approx(sd)
+    half = 4.3027 * sd / math.sqrt(3)
+    assert out["ci95"] == pytest.approx([-2.4 - half, -2.4 + half], abs=1e-3)
+    assert out["ci95"][1] > 0 and out["verdict"] == "inconclusive"  # three seeds cannot show it
+    out = parity.paired_difference([0.59, 0.58, 0.59, 0.60, 0.58], [0.57, 0.555, 0.565, 0.58, 0.555], margin=0.5)
+    assert out["ci95"][1] < 0 and out["verdict"] == "worse"
+
+
+def test_identical_differences_have_a_point_interval():
+    out = parity.paired_difference([0.5, 0.6], [0.5, 0.6], margin=0.5)
+    assert out["ci95"] == [0.0, 0.0] and out["verdict"] == "equivalent"
+    out = parity.paired_difference([0.5, 0.6], [0.51, 0.61], margin=0.5)
+    assert out["verdict"] == "better"
+
+
+def test_sampling_error_of_the_test_set():
+    assert parity.sampling_error(0.9, 400) == pytest.approx(100 * math.sqrt(0.9 * 0.1 / 400))  # 1.5 points
+
+
+def test_summary_pairs_seeds_and_names_an_unpaired_run():
+    results = {parity.ONE_RANK: {1: _result(0.90), 2: _result(0.92), 3: _result(0.94)},
+               "2 ranks": {1: _result(0.89), 2: _result(0.90, weights=2.0), 3: _result(0.93)},
+               "2 ranks, sync_bn": {1: _result(0.90), 2: _result(0.92, order="xyz")}}
+    summary = parity.summarize(results, ranks=2, margin=0.5)
+    plain, sync = summary["arms"]["2 ranks"], summary["arms"]["2 ranks, sync_bn"]
+    assert plain["seeds"] == [1, 3] and plain["vs_1_rank"]["mean"] == pytest.approx(-1.0)
+    assert plain["mean"] == pytest.approx(0.91)  # the unpaired seed 2 left out
+    assert sync["seeds"] == [1] and sync["vs_1_rank"]["pairs"] == 1
+    assert summary["unpaired"] == ["2 ranks seed 2", "2 ranks, sync_bn seed 2"]
+    assert summary["arms"][parity.ONE_RANK]["mean"] == pytest.approx(0.92)
+    noise = summary["noise_floor"]
+    assert noise["one_rank_spread_points"] == pytest.approx([90.0, 94.0])
+    assert noise["one_rank_sd_points"] == pytest.approx(2.0)
+    assert noise["sampling_error_points"] == pytest.approx(100 * math.sqrt(0.92 * 0.08 / 400))
+    text = parity.table(summary, "setup")
+    # seeds 1 and 3 both lost 1 point: a point interval beyond the margin
+    assert "| 2 ranks | 2 | 0.9100 | -1.00 | [-1.00, -1.00] | 1.000 | worse |" in text
+    assert "not paired with the 1-rank run of their seed: 2 ranks seed 2, 2 ranks, sync_bn seed 2" in text
