@@ -142,7 +142,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--data_dir", default=DATA_DIR, help="an ImageFolder tree (default: ../shared/data/fruits360-4)")
     args = parser.parse_args()
-    from msdist.cluster import runtime
+    from msdist.rank import runtime
     rt = runtime.prepare()  # as msdist.train: ISA, threads, before MindSpore loads
     runtime.configure_mindspore(rt)
     r = measure(args.steps, args.data_dir)

@@ -2,7 +2,7 @@
 
 Every option the launcher does not know goes to msdist.train; the launcher reads the stall options
 (`--stall_*`, msdist.cluster.stall) from those train options too. The options are checked here, once,
-before any rank starts; msdist.cluster.supervisor does the rest (spawn, watch, stop, restart).
+before any rank starts; msdist.launcher.supervisor does the rest (spawn, watch, stop, restart).
 """
 import os
 import subprocess
@@ -12,10 +12,11 @@ from typing import List, Optional
 from msdist.base.args import ArgumentParser
 from msdist.base.cli import cli_main
 from msdist.base.errors import ConfigError
-from msdist.cluster import elastic, preemption
-from msdist.cluster.membership import parse_nnodes
+from msdist.cluster import preemption
+from msdist.launcher import elastic
+from msdist.launcher.membership import parse_nnodes
 from msdist.cluster.stall import StallPolicy
-from msdist.cluster.supervisor import Plan, run, worker_env
+from msdist.launcher.supervisor import Plan, run, worker_env
 from msdist.run import config, startup
 
 

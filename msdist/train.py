@@ -16,7 +16,8 @@ if __name__ == "__main__":  # first, before an import starts a thread (numpy's O
 from msdist.base.cli import cli_main  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.base.errors import ConfigError  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.base.files import rank_log_path  # noqa: E402 pylint: disable=wrong-import-position
-from msdist.cluster import heartbeat, runtime, stall, watchdog  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.cluster import heartbeat, stall  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.rank import runtime, watchdog  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.run import build, config, startup  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.run.result import write_result  # noqa: E402 pylint: disable=wrong-import-position
 
@@ -68,7 +69,7 @@ def train(started: startup.Started) -> int:
     beat = watchdog.watch_this_rank(log_dir, launch, stall.StallPolicy.from_options(vars(cfg)))
     dist, collectives = startup.join(started, log_dir)
     heartbeat.dump_stacks_on_signal(rank_log_path(log_dir, dist.rank))
-    from msdist.cluster import distributed  # loads MindSpore
+    from msdist.rank import distributed  # loads MindSpore
     from msdist.run.trainer import Trainer
     if replaced:
         _logger.warning("overwrite: moved the previous run in %s to %s", cfg.output_dir, replaced)

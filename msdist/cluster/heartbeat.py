@@ -25,7 +25,7 @@ silence. Silence means the whole process stopped (SIGSTOP, a hang that holds the
 
 `Tracker` and `find_stall` turn the beats of a job into a verdict under the one stall policy
 (msdist.cluster.stall), the same way for the two deciders: msdist.launch's supervisor and, under other
-launchers, the watchdog thread inside every rank (msdist.cluster.watchdog). Durations are measured
+launchers, the watchdog thread inside every rank (msdist.rank.watchdog). Durations are measured
 skew-free: a rank's time in its phase as of its own beat, plus the reader's own time since that beat changed.
 """
 import collections

@@ -207,7 +207,7 @@ class Forwarder:
             self.stop(signum)
 
     def request(self) -> None:
-        """Preemption asked for without a signal (an elastic job admitting a node: msdist.cluster.elastic)."""
+        """Preemption asked for without a signal (an elastic job admitting a node: msdist.launcher.elastic)."""
         self.requested_at = time.monotonic()
 
     def forward(self, pids: Sequence[int]) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 
 from models import DEFAULT_CONVENTION
 from msdist.base.errors import DataError, alike_on_every_rank
-from msdist.cluster import runtime
+from msdist.rank import runtime
 from msdist.data import pipeline, plan
 from msdist.run import options
 

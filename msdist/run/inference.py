@@ -11,7 +11,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from msdist.base.args import ArgumentParser, boolean, positive_int
 from msdist.base.errors import ConfigError
-from msdist.cluster import runtime
+from msdist.rank import runtime
 from msdist.data import pipeline
 from msdist.run import checkpoint_model
 

@@ -25,7 +25,8 @@ from typing import Callable, Sequence, Tuple
 
 from msdist.base import launch_env
 from msdist.base.errors import ConfigError, alike_on_every_rank
-from msdist.cluster import device, distributed, job, local_exchange, runtime, stall
+from msdist.cluster import job, stall
+from msdist.rank import device, distributed, local_exchange, runtime
 from msdist.data import pipeline, plan
 from msdist.engine import precision
 from msdist.run import config, options, recipe

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from msdist.cluster import distributed, preemption
+from msdist.cluster import preemption
+from msdist.rank import distributed
 from msdist.data import pipeline, prefetch
 from msdist.engine import bn_stats, loss_scale, optim, reducers
 from msdist.run import checkpoint, config, evaluation, options, resume_point

@@ -24,7 +24,8 @@ import pytest
 
 from msdist import launch
 from msdist.base.errors import ConfigError, DataError
-from msdist.cluster import failures, heartbeat, preemption, supervisor
+from msdist.cluster import heartbeat, preemption
+from msdist.launcher import failures, supervisor
 from msdist.cluster.rendezvous import free_port
 from msdist.run import checkpoint
 from conftest import REPO

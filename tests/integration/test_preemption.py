@@ -181,7 +181,7 @@ def test_mpijob_worker_sigterm_reaches_the_ranks_through_the_relay_and_mpirun_ex
     # sshd stays up after the ranks it carried have gone: the relay has to stop it.
     stand_in.write_text('"$@"; echo $? > "$MPIRUN_STATUS"; exec sleep 3600\n', encoding="utf-8")
     status = tmp_path / "mpirun.status"
-    relay = [sys.executable, "-m", "msdist.cluster.relay", "--", "bash", str(stand_in), *mpirun(2), sys.executable,
+    relay = [sys.executable, "-m", "msdist.launcher.relay", "--", "bash", str(stand_in), *mpirun(2), sys.executable,
              "-m", "msdist.train"]
     job = Job(tmp_path, "mpirun", [], ARGS, command=relay, env={**MPI_ENV, "MPIRUN_STATUS": str(status)})
     _signal_mid_epoch_2(job)   # SIGTERM: kubelet -> the worker pod's PID 1
@@ -201,7 +201,7 @@ def test_mpijob_worker_sigterm_reaches_the_ranks_through_the_relay_and_mpirun_ex
 def test_msrun_under_the_relay_saves_at_one_agreed_step(tmp_path):
     """msrun has no SIGTERM handler and its workers run in their own sessions: the relay tells them."""
     command, env = msrun(tmp_path, [])
-    relay = [sys.executable, "-m", "msdist.cluster.relay", "--", *command]
+    relay = [sys.executable, "-m", "msdist.launcher.relay", "--", *command]
     job = Job(tmp_path, "msrun", [], ARGS, command=relay, env={"PATH": env["PATH"]})
     _signal_mid_epoch_2(job)
     assert job.wait() == preemption.REQUEUE_EXIT, job.stderr()
@@ -212,7 +212,7 @@ def test_msrun_under_the_relay_saves_at_one_agreed_step(tmp_path):
 
 
 def _relay(*args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "msdist.cluster.relay", *args], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "msdist.launcher.relay", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=REPO))
 
 
@@ -223,7 +223,7 @@ def test_the_relay_passes_its_commands_status_through_and_refuses_bad_input_in_o
         return proc
     assert relay("--", "sh", "-c", "exit 3").returncode == 3   # no signal: the command's own status
     for args, why in ((["--preempt_signal", "USR1", "--", "true"], "stack-dump"), ([], "needs a command")):
-        refused = subprocess.run([sys.executable, "-m", "msdist.cluster.relay", *args], capture_output=True,
+        refused = subprocess.run([sys.executable, "-m", "msdist.launcher.relay", *args], capture_output=True,
                                  text=True, env=dict(os.environ, PYTHONPATH=REPO), timeout=60)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and why in refused.stderr
 

@@ -8,7 +8,7 @@ def test_ema_update_swap_and_resume(tmp_path):
     import mindspore as ms
     from mindspore import nn
     from msdist.run import checkpoint_saver
-    from msdist.cluster import distributed
+    from msdist.rank import distributed
     from msdist.engine import ema
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     net = nn.Dense(3, 2)

@@ -74,7 +74,7 @@ def test_each_state_prefix_is_written_once_in_the_package():
 def _trainer(tmp_path, data_dir, *extra):
     """A Trainer built in this process as msdist.train builds it (one rank, CPU)."""
     import mindspore as ms
-    from msdist.cluster import distributed, runtime
+    from msdist.rank import distributed, runtime
     from msdist.run import build, config, options
     from msdist.run.trainer import Trainer
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")

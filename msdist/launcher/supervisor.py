@@ -26,7 +26,7 @@ And one watch on MindSpore's scheduler log (node 0, msdist.cluster.registration)
 --stall_register_timeout after all the others is named in one line and respawned with the same node id
 (a rank that misses its registration is not stuck for good: a new process joins at once, issue #34).
 
-How a failed attempt is described (the rank, how it failed, its traceback) is msdist.cluster.failures.
+How a failed attempt is described (the rank, how it failed, its traceback) is msdist.launcher.failures.
 """
 import dataclasses
 import os
@@ -41,7 +41,7 @@ from typing import Callable, Dict, List, Optional
 from msdist.base.errors import ConfigError
 from msdist.base.files import rank_log_path
 from msdist.cluster import heartbeat, preemption, registration, rendezvous
-from msdist.cluster.failures import Failure, describe_exit, first_cause, traceback_tail, with_cluster_cause
+from msdist.launcher.failures import Failure, describe_exit, first_cause, traceback_tail, with_cluster_cause
 from msdist.cluster.stall import StallPolicy
 
 _POLL_S = 0.5
@@ -75,7 +75,7 @@ class Plan:
     show_plan: bool = False      # --plan: print each local rank's `msdist.check --plan` and start nothing
     host_root: str = "/"         # --plan's --host_root: where the GPU facts are read
     preempt_signal: int = signal.SIGTERM   # the train option --preempt_signal: passed on to the ranks
-    max_nodes: int = 0           # --nnodes MIN:MAX's MAX (msdist.cluster.elastic when above nnodes)
+    max_nodes: int = 0           # --nnodes MIN:MAX's MAX (msdist.launcher.elastic when above nnodes)
     wait_for_nodes: float = 30.0  # --wait_for_nodes: elastic node 0 waits this long for more than MIN nodes
 
     @property

@@ -28,7 +28,8 @@ import numpy as np
 from msdist.base import cli
 from msdist.base.errors import ConfigError, alike_on_every_rank
 from msdist.base.launch_env import LaunchEnv
-from msdist.cluster import device, job, local_exchange, registration, rendezvous
+from msdist.cluster import job, registration, rendezvous
+from msdist.rank import device, local_exchange
 from msdist.cluster.stall import StallPolicy
 
 _logger = logging.getLogger(__name__)
