@@ -61,7 +61,7 @@ def say(message: str) -> None:
 
 @dataclass(frozen=True)
 class Plan:
-    """What to launch on this node, resolved from the command line."""
+    """What to launch on this node, resolved once from the command line (msdist/launch.py); built by name."""
     nproc: int
     nnodes: int
     node_rank: int
@@ -71,9 +71,6 @@ class Plan:
     stall: StallPolicy           # the train options' --stall_*, obeyed here as the ranks' watchdogs would
     train_args: List[str]
     output_dir: str
-    data_dir: str
-    show_plan: bool = False      # --plan: print each local rank's `msdist.check --plan` and start nothing
-    host_root: str = "/"         # --plan's --host_root: where the GPU facts are read
     preempt_signal: int = signal.SIGTERM   # the train option --preempt_signal: passed on to the ranks
     max_nodes: int = 0           # --nnodes MIN:MAX's MAX (msdist.launcher.elastic when above nnodes)
     wait_for_nodes: float = 30.0  # --wait_for_nodes: elastic node 0 waits this long for more than MIN nodes
