@@ -41,8 +41,9 @@ from typing import Callable, Dict, List, Optional
 from msdist.base.errors import ConfigError
 from msdist.base.files import rank_log_path
 from msdist.cluster import heartbeat, preemption, registration, rendezvous
-from msdist.launcher.failures import Failure, describe_exit, first_cause, traceback_tail, with_cluster_cause
 from msdist.cluster.stall import StallPolicy
+from msdist.launcher.failures import Failure, describe_exit, first_cause, traceback_tail, with_cluster_cause
+from msdist.launcher.forwarder import Forwarder
 
 _POLL_S = 0.5
 _TERM_GRACE_S = 4.0            # SIGTERM -> SIGKILL; keeps "all stopped" well under 15 s
@@ -208,7 +209,7 @@ def _pick_port(plan: Plan, attempt: int) -> int:
 
 
 def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[str, str],
-                forwarder: preemption.Forwarder, watch: Optional[Callable[[List[_Worker]], Optional[Failure]]] = None
+                forwarder: Forwarder, watch: Optional[Callable[[List[_Worker]], Optional[Failure]]] = None
                 ) -> Optional[Failure]:
     """Run every local rank to the end; return None on success or the first failure seen (or the requeue).
 
@@ -312,7 +313,8 @@ def _requeue(workers: List[_Worker]) -> Failure:
 
 
 def _dump_stacks(workers: List[_Worker], log_dir: str, why: str) -> None:
-    """Every live rank appends all its threads' Python stacks to its log (heartbeat.dump_stacks_on_signal)."""
+    """Every live rank appends all its threads' Python stacks to its log (rank/heartbeat_writer.py
+    `dump_stacks_on_signal`)."""
     for w in workers:
         if w.proc.poll() is None:
             with open(rank_log_path(log_dir, w.rank), "a", encoding="utf-8") as log:
@@ -328,7 +330,7 @@ def report_failure(failure: Failure, stopped_in_s: float, log_dir: str) -> None:
         print(f"  rank {failure.rank} | {line}", file=sys.stderr, flush=True)
 
 
-def supervise(plan: Plan, forwarder: preemption.Forwarder) -> int:
+def supervise(plan: Plan, forwarder: Forwarder) -> int:
     """Run attempts until one succeeds, the restart budget is spent or the job is preempted; the exit status."""
     os.makedirs(plan.log_dir, exist_ok=True)
     if plan.node_rank == 0 and plan.master_port and rendezvous.port_in_use(plan.master_addr, plan.master_port):
@@ -372,7 +374,7 @@ def _raise_stop(signum, _frame=None):
     raise _Stop(signum)
 
 
-def run(plan: Plan, supervisor: Callable[[Plan, preemption.Forwarder], int] = supervise) -> int:
+def run(plan: Plan, supervisor: Callable[[Plan, Forwarder], int] = supervise) -> int:
     """Supervise the job `plan` describes until it ends (with `supervisor`: elastic.supervise for --nnodes MIN:MAX);
     the preemption signal is passed on to the ranks, a second one, Ctrl-C (or SIGTERM when it is not the
     preemption signal) stop every process it started."""
@@ -384,7 +386,7 @@ def run(plan: Plan, supervisor: Callable[[Plan, preemption.Forwarder], int] = su
     os.environ.update(rendezvous.topo_timeout_env(plan.stall.stall_startup_timeout))
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
-    forwarder = preemption.Forwarder(plan.preempt_signal, _raise_stop)
+    forwarder = Forwarder(plan.preempt_signal, _raise_stop)
     forwarder.install()
     try:
         return supervisor(plan, forwarder)

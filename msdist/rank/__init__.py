@@ -8,5 +8,7 @@ msdist.launcher.
 - device: each rank's device and device id, decided from the host's files before MindSpore loads
 - gpu_plugin: whether MindSpore 2.10 would load its GPU plugin on this host
 - distributed: distributed init (mpirun bridge, dynamic cluster, NCCL), `Collectives`, the MPI finish
+- heartbeat_writer: this rank's heartbeat file, written from a daemon thread, and its stacks on demand
 - watchdog: the in-rank thread that acts on the stall verdict under mpirun, msrun and srun
+- preempt_stop: the preemption signal heard on its own thread (`Listener`), the step all ranks stop at (`Agreement`)
 """

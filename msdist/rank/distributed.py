@@ -29,8 +29,8 @@ from msdist.base import cli
 from msdist.base.errors import ConfigError, alike_on_every_rank
 from msdist.base.launch_env import LaunchEnv
 from msdist.cluster import job, registration, rendezvous
-from msdist.rank import device, local_exchange
 from msdist.cluster.stall import StallPolicy
+from msdist.rank import device, local_exchange
 
 _logger = logging.getLogger(__name__)
 # What a rank's exception says when a collective could not complete because a peer is gone or stopped.

@@ -25,8 +25,8 @@ import pytest
 from msdist import launch
 from msdist.base.errors import ConfigError, DataError
 from msdist.cluster import heartbeat, preemption
-from msdist.launcher import failures, supervisor
 from msdist.cluster.rendezvous import free_port
+from msdist.launcher import failures, supervisor
 from msdist.run import checkpoint
 from conftest import REPO
 from conftest import REAL_DATA as DATA_DIR

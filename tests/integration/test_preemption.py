@@ -14,14 +14,15 @@ import time
 import pytest
 
 from conftest import MPI_ENV, mpirun, msrun
-from msdist.cluster import preemption
 from msdist.base.errors import ConfigError
+from msdist.cluster import preemption
+from msdist.rank import preempt_stop
 from msdist.run import checkpoint
 from test_launch import EXACT_ARGS, REPO, Job, assert_same_final_params
 
 # EMA on: an off-schedule save must not synchronise it (nor unify BatchNorm statistics, --dist_bn reduce).
 # 30 epochs of 12 steps: the ranks look for a stop request about once a second of training
-# (preemption.CHECK_EVERY_S), and a fast host runs ~60 of these steps a second; with 5 epochs the job could end
+# (preempt_stop.CHECK_EVERY_S), and a fast host runs ~60 of these steps a second; with 5 epochs the job could end
 # before the first check after the signal, and a job that ends first rightly exits 0 (as CI's host showed).
 ARGS = EXACT_ARGS + ["--ema_decay", "0.9", "--epochs", "30"]
 # The ranks are frozen as soon as rank 1's epoch-1 checkpoint (step 12) is complete, and run on once the
@@ -45,16 +46,16 @@ def test_preempt_signal_refuses_the_stack_dump_signal_and_ctrl_c():
 
 
 def test_next_check_is_about_a_second_of_the_slowest_rank():
-    assert preemption.next_check(100, [0.05, 0.1]) == 110
-    assert preemption.next_check(100, [3.0, 0.1]) == 101      # slow steps: check after every step
-    assert preemption.next_check(100, [0.0, 0.0]) == 101      # no timing yet
+    assert preempt_stop.next_check(100, [0.05, 0.1]) == 110
+    assert preempt_stop.next_check(100, [3.0, 0.1]) == 101      # slow steps: check after every step
+    assert preempt_stop.next_check(100, [0.0, 0.0]) == 101      # no timing yet
 
 
 _LISTENING = """
-from msdist.cluster import preemption
-preemption.hold_candidates()
+from msdist.rank import preempt_stop
+preempt_stop.hold_candidates()
 import os, signal, sys, time, numpy  # numpy starts a thread before the listener, as in msdist.train
-listener = preemption.Listener(signal.SIGTERM)
+listener = preempt_stop.Listener(signal.SIGTERM)
 print("ready", flush=True)
 if sys.argv[1] == "self":
     os.kill(os.getpid(), signal.SIGTERM)  # what MindSpore does to the ranks of a broken cluster

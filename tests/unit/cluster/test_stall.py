@@ -1,5 +1,5 @@
-"""Stall detection by progress (cluster/stall.py, heartbeat.py): the one option family, the auto limits,
-heartbeat phases and the verdict."""
+"""Stall detection by progress (cluster/stall.py, heartbeat.py, rank/heartbeat_writer.py): the one option family,
+the auto limits, heartbeat phases and the verdict."""
 import os
 import signal
 import socket
@@ -13,7 +13,8 @@ import pytest
 from msdist.base.errors import ConfigError
 from msdist.cluster import heartbeat
 from msdist.cluster.stall import StallPolicy
-from conftest import _write_beat
+from msdist.rank import heartbeat_writer
+from conftest import REPO, _write_beat
 
 
 def test_stall_timeout_values():
@@ -72,13 +73,13 @@ def test_auto_limits_cover_the_slow_but_healthy_cases():
     assert _limit("auto", "evaluation", median_step_s=2.0, expected_s=batches * 2.0) == 300 + 3 * batches * 2.0
     # Saving ResNet-50 (25.6 M weights + momentum, float32: 205 MB) at a slow disk's 10 MB/s: 20 s expected.
     nbytes = 25_600_000 * 4 * 2
-    assert _limit("auto", "checkpoint save", expected_s=nbytes / heartbeat.SLOW_DISK_BYTES_PER_S) >= 300 + 60
+    assert _limit("auto", "checkpoint save", expected_s=nbytes / heartbeat_writer.SLOW_DISK_BYTES_PER_S) >= 300 + 60
     # A save measured slower than expected before gets its measured time.
     assert _limit("60", "checkpoint save", expected_s=1.0, measured_s=50.0) == 60 + 150
 
 
 def test_heartbeat_reports_phase_position_and_its_limit(tmp_path):
-    beat = heartbeat.Heartbeat(str(tmp_path), 3, StallPolicy.from_options({"stall_timeout": "20"}))
+    beat = heartbeat_writer.Heartbeat(str(tmp_path), 3, StallPolicy.from_options({"stall_timeout": "20"}))
     assert beat.snapshot()["phase"] == "start-up" and beat.snapshot()["limit_s"] == 600
     beat.enter("compile")
     time.sleep(0.05)
@@ -165,7 +166,7 @@ def test_the_heartbeat_reports_its_loop_threads_state(tmp_path):
     made, release, snaps = threading.Event(), threading.Event(), {}
 
     def loop():
-        snaps["beat"] = heartbeat.Heartbeat(str(tmp_path), 0, StallPolicy.from_options({}))
+        snaps["beat"] = heartbeat_writer.Heartbeat(str(tmp_path), 0, StallPolicy.from_options({}))
         snaps["running"] = snaps["beat"].snapshot()["loop_state"]
         made.set()
         release.wait()
@@ -205,12 +206,12 @@ def test_a_reader_on_the_same_host_sees_the_main_threads_state_afresh(tmp_path):
 
 
 def test_the_heartbeat_sees_its_loop_inside_a_host_collective(tmp_path):
-    beat = heartbeat.Heartbeat(str(tmp_path), 0, StallPolicy.from_options({"stall_timeout": "auto"}))
+    beat = heartbeat_writer.Heartbeat(str(tmp_path), 0, StallPolicy.from_options({"stall_timeout": "auto"}))
     assert beat.snapshot()["in_collective"] is False
     # A function with Collectives.gather's name and file: the snapshot, taken inside it, finds it on the stack.
     scope = {}
     exec(compile("def gather(beat):\n    return beat.snapshot()\n",  # noqa: S102 - a frame named like the real one
-                 os.path.join("msdist", "cluster", "distributed.py"), "exec"), scope)
+                 os.path.join(REPO, "msdist", "rank", "distributed.py"), "exec"), scope)
     assert scope["gather"](beat)["in_collective"] is True
 
 

@@ -5,11 +5,11 @@ import time
 import pytest
 
 from msdist.base.errors import ConfigError
+from msdist.cluster.rendezvous import free_port
 from msdist.launcher import peers as peers_mod
 from msdist.launcher.membership import (Change, NodeRange, TooFewNodes, View, decide, describe, first_order, leader,
                                        parse_nnodes, record)
 from msdist.launcher.peers import Peers
-from msdist.cluster.rendezvous import free_port
 
 A, B, C, D = "10.0.0.1:7", "10.0.0.2:7", "10.0.0.3:7", "10.0.0.4:7"
 
