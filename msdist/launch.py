@@ -88,7 +88,7 @@ def read_command(argv: Optional[List[str]] = None) -> Command:
                 wait_for_nodes=ns.wait_for_nodes, max_restarts=ns.max_restarts,
                 stall=StallPolicy.from_options(vars(cfg)), preempt_signal=preemption.parse_signal(cfg.preempt_signal),
                 train_args=list(train_args), output_dir=os.path.abspath(cfg.output_dir))
-    return Command(plan, cfg, ns.plan, ns.host_root)
+    return Command(plan=plan, train=cfg, show_plan=ns.plan, host_root=ns.host_root)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> Plan:
