@@ -42,6 +42,7 @@ from msdist.base.errors import ConfigError
 from msdist.base.files import rank_log_path
 from msdist.cluster import heartbeat, preemption, registration, rendezvous
 from msdist.cluster.stall import StallPolicy
+from msdist.launcher import scheduler_generation
 from msdist.launcher.failures import Failure, describe_exit, first_cause, traceback_tail, with_cluster_cause
 from msdist.launcher.forwarder import Forwarder
 
@@ -223,19 +224,19 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[st
     try:
         try:
             if plan.node_rank == 0:
-                rendezvous.new_generation(plan.log_dir)
+                scheduler_generation.new_generation(plan.log_dir)
                 scheduler_log = os.path.join(plan.log_dir, "scheduler.log")
                 joining = _Joining(plan, registration.LogTail.from_end(scheduler_log))
                 scheduler = rendezvous.start_scheduler(plan.master_addr, port, plan.world_size, scheduler_log)
             elif attempt > 0:
-                rendezvous.wait_for_new_generation(plan.log_dir, joined.get("generation", ""),
+                scheduler_generation.wait_for_new_generation(plan.log_dir, joined.get("generation", ""),
                                                      plan.stall.stall_startup_timeout)
             # Only once it listens: a worker that finds none fails its registration tries (see wait_until_listening).
             rendezvous.wait_until_listening(plan.master_addr, port, plan.stall.stall_startup_timeout)
         except RuntimeError as e:
             where = "" if plan.node_rank == 0 else "; check --master_addr/--master_port and that node 0's launcher runs"
             return Failure(None, f"{e}{where}")
-        joined["generation"] = rendezvous.read_generation(plan.log_dir)
+        joined["generation"] = scheduler_generation.read_generation(plan.log_dir)
         workers = [_spawn_worker(plan, i, plan.master_addr, port, train_args) for i in range(plan.nproc)]
         ranks = ", ".join(f"rank {w.rank} pid {w.proc.pid}" for w in workers)
         say(f"attempt {attempt + 1}: started {ranks} (world size {plan.world_size}, node {plan.node_rank}); "
