@@ -53,10 +53,10 @@ def measure(steps: int, data_dir: str) -> dict:
     import numpy as np
     from mindspore import nn, ops
 
-    from msdist.cluster import heartbeat
     from msdist.cluster.stall import StallPolicy
     from msdist.data import pipeline, prefetch
     from msdist.engine import loss_scale, optim, precision, step
+    from msdist.rank import heartbeat_writer
     from msdist.run.meter import Meter
     from msdist.run.position import Position
     from msdist.run.progress import Progress
@@ -79,7 +79,7 @@ def measure(steps: int, data_dir: str) -> dict:
             return ops.depend(labels, images)
 
     launch = NoWork()
-    beat = heartbeat.Heartbeat(tempfile.mkdtemp(prefix="host_work_"), 0, StallPolicy.from_options({}))
+    beat = heartbeat_writer.Heartbeat(tempfile.mkdtemp(prefix="host_work_"), 0, StallPolicy.from_options({}))
     meter = Meter(images_per_step=BATCH)
     progress = Progress(1, steps + 1, LOG_EVERY, meter)
     progress.start_epoch(Position())
@@ -142,7 +142,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--data_dir", default=DATA_DIR, help="an ImageFolder tree (default: ../shared/data/fruits360-4)")
     args = parser.parse_args()
-    from msdist.cluster import runtime
+    from msdist.rank import runtime
     rt = runtime.prepare()  # as msdist.train: ISA, threads, before MindSpore loads
     runtime.configure_mindspore(rt)
     r = measure(args.steps, args.data_dir)

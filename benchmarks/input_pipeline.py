@@ -119,7 +119,7 @@ def main() -> int:
     parser.add_argument("--no_write", action="store_true", help="print the tables only")
     args = parser.parse_args()
     ensure_data(args.data_dir)
-    from msdist.cluster import runtime
+    from msdist.rank import runtime
     runtime.prepare_tool()
     from msdist.data import bench, pipeline
     classes = pipeline.class_map(args.data_dir)

@@ -188,7 +188,7 @@ def worker_allreduce(sizes: str, reps: str) -> None:
     (reusing one tensor, a 24 MB all-reduce ran 2.5x faster than a 32 MB one: this host's L3 is 32 MB).
     Rank 0 prints them; every rank then leaves the job as msdist.train does (distributed.finish, no teardown).
     """
-    from msdist.cluster import distributed, runtime
+    from msdist.rank import distributed, runtime
     from msdist.run import startup
     started = startup.start(["--device_target", "CPU"], options=startup.RUNTIME_OPTIONS, prog="scaling_validation",
                             checks=())

@@ -309,7 +309,7 @@ def worker_allreduce(model: str, reps: str, fusion: str = "fused") -> dict:
 
 def worker_pipeline(ranks: str, batches: str) -> dict:
     """Images/s of one rank's decode + augment + batch, alone, with the workers training would give it."""
-    from msdist.cluster import runtime
+    from msdist.rank import runtime
     rt = runtime.prepare_tool(int(ranks))
     from msdist.data import pipeline, plan
     classes = pipeline.class_map(DATA_DIR)

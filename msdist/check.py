@@ -20,8 +20,9 @@ import tempfile
 from msdist.base import launch_env
 from msdist.base.cli import cli_main
 from msdist.base.errors import UserError, alike_on_every_rank
-from msdist.cluster import device, distributed, heartbeat, job, runtime
 from msdist.base.files import rank_log_path
+from msdist.cluster import heartbeat, job
+from msdist.rank import device, distributed, runtime
 from msdist.run import checkpoint, config, options, recipe, startup
 
 

@@ -8,9 +8,9 @@ import os
 import time
 
 from msdist.base.cli import cli_main
-from msdist.cluster import runtime
 from msdist.base.files import rank_log_path
 from msdist.data import pipeline, plan
+from msdist.rank import runtime
 from msdist.run import build, config, evaluation, options, startup
 from msdist.run.result import write_result
 
@@ -23,8 +23,8 @@ def main(argv=None) -> int:
     started = startup.start(argv, options=config.EVAL_OPTIONS, prog="msdist.eval", checks=startup.EVAL_CHECKS)
     cfg = started.cfg
     dist, collectives = startup.join(started, os.path.join(cfg.output_dir, "logs"), log_name=_LOG_NAME)
-    from msdist.cluster import distributed
     from msdist.engine import step
+    from msdist.rank import distributed
     from msdist.run import checkpoint_model
 
     # The same data check as training: a corrupt Test image is named, never a C++ decoder trace.

@@ -1,22 +1,35 @@
 """`python -m msdist.launch -n N [launcher options] [train options]`: start and supervise a job.
 
 Every option the launcher does not know goes to msdist.train; the launcher reads the stall options
-(`--stall_*`, msdist.cluster.stall) from those train options too. The options are checked here, once,
-before any rank starts; msdist.cluster.supervisor does the rest (spawn, watch, stop, restart).
+(`--stall_*`, msdist.cluster.stall) from those train options too. The command line is parsed and checked
+here, once, before any rank starts, into a `Command`; msdist.launcher.supervisor runs its `Plan` (spawn,
+watch, stop, restart).
 """
+import argparse
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from typing import List, Optional
 
 from msdist.base.args import ArgumentParser
 from msdist.base.cli import cli_main
 from msdist.base.errors import ConfigError
-from msdist.cluster import elastic, preemption
-from msdist.cluster.membership import parse_nnodes
+from msdist.cluster import preemption
 from msdist.cluster.stall import StallPolicy
-from msdist.cluster.supervisor import Plan, run, worker_env
+from msdist.launcher import elastic
+from msdist.launcher.membership import parse_nnodes
+from msdist.launcher.supervisor import Plan, run, worker_env
 from msdist.run import config, startup
+
+
+@dataclass(frozen=True)
+class Command:
+    """One msdist.launch command line, parsed once."""
+    plan: Plan                     # what the supervisor runs on this node
+    train: argparse.Namespace      # the ranks' train config, parsed from plan.train_args
+    show_plan: bool                # --plan: print each local rank's `msdist.check --plan` and start nothing
+    host_root: str                 # --plan's --host_root: where the GPU facts are read
 
 
 def _build_parser() -> ArgumentParser:
@@ -42,8 +55,8 @@ def _build_parser() -> ArgumentParser:
     return p
 
 
-def parse_args(argv: Optional[List[str]] = None) -> Plan:
-    """Split launcher options from train options and check both before anything starts.
+def read_command(argv: Optional[List[str]] = None) -> Command:
+    """Split launcher options from train options and check both (paths aside) before anything starts.
 
     Raises:
         ConfigError: a bad launcher option, or a train config that msdist.train would reject.
@@ -70,16 +83,23 @@ def parse_args(argv: Optional[List[str]] = None) -> Plan:
         raise ConfigError(f"--wait_for_nodes {ns.wait_for_nodes} must be >= 0")
     # The batch is cut for MAX nodes' ranks whatever the world size (MSDIST_BATCH_SLOTS): checked for those.
     startup.run_checks(cfg, ns.nproc_per_node * nodes.max, startup.OPTION_CHECKS)
-    return Plan(ns.nproc_per_node, nodes.min, ns.node_rank, ns.master_addr or "127.0.0.1", ns.master_port,
-                ns.max_restarts, StallPolicy.from_options(vars(cfg)), list(train_args),
-                os.path.abspath(cfg.output_dir), cfg.data_dir, ns.plan, ns.host_root,
-                preemption.parse_signal(cfg.preempt_signal), nodes.max, ns.wait_for_nodes)
+    plan = Plan(nproc=ns.nproc_per_node, nnodes=nodes.min, max_nodes=nodes.max, node_rank=ns.node_rank,
+                master_addr=ns.master_addr or "127.0.0.1", master_port=ns.master_port,
+                wait_for_nodes=ns.wait_for_nodes, max_restarts=ns.max_restarts,
+                stall=StallPolicy.from_options(vars(cfg)), preempt_signal=preemption.parse_signal(cfg.preempt_signal),
+                train_args=list(train_args), output_dir=os.path.abspath(cfg.output_dir))
+    return Command(plan=plan, train=cfg, show_plan=ns.plan, host_root=ns.host_root)
 
 
-def show_plan(plan: Plan) -> int:
+def parse_args(argv: Optional[List[str]] = None) -> Plan:
+    """The supervisor's plan of a command line (`read_command`)."""
+    return read_command(argv).plan
+
+
+def show_plan(plan: Plan, host_root: str) -> int:
     """`msdist.launch --plan`: run `msdist.check --plan` for each local rank, with the variables that rank
     would get (port 0: the one picked at start); start nothing. Returns the worst exit status."""
-    codes = [subprocess.run([sys.executable, "-m", "msdist.check", "--plan", "--host_root", plan.host_root,
+    codes = [subprocess.run([sys.executable, "-m", "msdist.check", "--plan", "--host_root", host_root,
                              *plan.train_args], check=False,
                             env=dict(os.environ, **worker_env(plan, i, plan.master_addr, plan.master_port)),
                             stdin=subprocess.DEVNULL).returncode for i in range(plan.nproc)]
@@ -88,11 +108,12 @@ def show_plan(plan: Plan) -> int:
 
 @cli_main
 def main(argv: Optional[List[str]] = None) -> int:
-    plan = parse_args(argv)
-    if plan.show_plan:
-        return show_plan(plan)
+    command = read_command(argv)
+    plan = command.plan
+    if command.show_plan:
+        return show_plan(plan, command.host_root)
     # Paths are this node's: named once here, before any rank starts, not by every rank after start-up.
-    startup.run_checks(config.parse(plan.train_args), plan.world_size, startup.PATH_CHECKS)
+    startup.run_checks(command.train, plan.world_size, startup.PATH_CHECKS)
     return run(plan, elastic.supervise) if plan.max_nodes > plan.nnodes else run(plan)
 
 

@@ -14,8 +14,8 @@ from typing import Dict, Optional, Tuple
 
 from msdist.base.cli import cli_main
 from msdist.base.errors import ConfigError
-from msdist.cluster import runtime
 from msdist.engine import precision
+from msdist.rank import runtime
 from msdist.run import config, forecast, hardware, network_cost, startup
 from msdist.run.forecast import Compute, Network
 

@@ -36,7 +36,7 @@ def _parse(argv: Optional[Sequence[str]]):
 @cli_main
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse(argv)
-    from msdist.cluster import runtime
+    from msdist.rank import runtime
     runtime.prepare(cpu_isa="default", bind_cores=False)  # quiet MindSpore's log; nothing is computed here
     line, meta = weights.convert(args.source, args.output, args.image_size, args.classes)
     print(line)

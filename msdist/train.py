@@ -8,15 +8,16 @@ import os
 import tempfile
 import time
 
-from msdist.cluster import preemption
+from msdist.rank import preempt_stop
 
-if __name__ == "__main__":  # first, before an import starts a thread (numpy's OpenBLAS pool): preemption.Listener
-    preemption.hold_candidates()
+if __name__ == "__main__":  # first, before an import starts a thread (numpy's OpenBLAS pool): preempt_stop.Listener
+    preempt_stop.hold_candidates()
 
 from msdist.base.cli import cli_main  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.base.errors import ConfigError  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.base.files import rank_log_path  # noqa: E402 pylint: disable=wrong-import-position
-from msdist.cluster import heartbeat, runtime, stall, watchdog  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.cluster import preemption, stall  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.rank import heartbeat_writer, runtime, watchdog  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.run import build, config, flops, startup  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.run.result import write_result  # noqa: E402 pylint: disable=wrong-import-position
 
@@ -63,12 +64,12 @@ def train(started: startup.Started) -> int:
     replaced = _claim_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite, launch.rank == 0)
     log_dir = os.path.join(cfg.output_dir, "logs")
     # Before any other thread starts: they inherit the blocked preemption signal.
-    listener = preemption.Listener(preemption.parse_signal(cfg.preempt_signal))
+    listener = preempt_stop.Listener(preemption.parse_signal(cfg.preempt_signal))
     # Beats from before cluster init, so a rank stuck there is seen too.
     beat = watchdog.watch_this_rank(log_dir, launch, stall.StallPolicy.from_options(vars(cfg)))
     dist, collectives = startup.join(started, log_dir)
-    heartbeat.dump_stacks_on_signal(rank_log_path(log_dir, dist.rank))
-    from msdist.cluster import distributed  # loads MindSpore
+    heartbeat_writer.dump_stacks_on_signal(rank_log_path(log_dir, dist.rank))
+    from msdist.rank import distributed  # loads MindSpore
     from msdist.run.trainer import Trainer
     if replaced:
         _logger.warning("overwrite: moved the previous run in %s to %s", cfg.output_dir, replaced)

@@ -199,7 +199,7 @@ def fake_gpu_node(root, gpus: int, cuda: bool = True) -> str:
     (`cuda`) the CUDA-stack libraries the installed wheel's newest GPU plugin needs, where a CUDA 11 install puts
     them (/usr/local/cuda/lib64; the driver's libcuda.so.1 in the system library folder). Empty files: --plan
     looks libraries up, it does not load them."""
-    from msdist.cluster import device
+    from msdist.rank import device
     (root / "dev").mkdir(parents=True, exist_ok=True)
     for index in range(gpus):
         (root / "dev" / f"nvidia{index}").touch()
@@ -216,7 +216,7 @@ def fake_gpu_node(root, gpus: int, cuda: bool = True) -> str:
 
 def cuda_libraries(plugin_dir: str) -> list:
     """The CUDA-stack libraries the wheel's newest GPU plugin and its NCCL collective need (from their ELF headers)."""
-    from msdist.cluster import gpu_plugin
+    from msdist.rank import gpu_plugin
     plugin = sorted(glob.glob(os.path.join(plugin_dir, "libmindspore_gpu.so.*")))[-1]
     version = ".".join(map(str, gpu_plugin.plugin_version(plugin)))
     needed = gpu_plugin.elf_dynamic(plugin)[0] + gpu_plugin.elf_dynamic(

@@ -1,10 +1,11 @@
-"""The bottom layer above msdist.base, MindSpore-free at import: this process and the job it belongs to.
+"""The shared layer above msdist.base that both programs read, the launcher (msdist.launcher) and the ranks
+(msdist.rank): MindSpore-free at import. Nothing here imports from msdist.launcher, msdist.rank or above.
 
-What each kind of launch needs (job), how the ranks meet (rendezvous), what the ranks of one host
-tell each other before any collective (local_exchange), the device and whether MindSpore's GPU
-plugin would load (device, gpu_plugin), the environment set before MindSpore loads (runtime,
-isa_probe), distributed init and collectives (distributed: loads MindSpore when called), MindSpore's
-scheduler (scheduler), progress files and the one stall policy (heartbeat, stall), the in-rank
-watchdog (watchdog) and the launcher's supervisor (supervisor, failures).
-Nothing here imports from msdist.engine, msdist.data or msdist.run.
+- job: what each kind of launch needs before MindSpore loads (backend, mpirun bridge, MS_* variables)
+- rendezvous: how the ranks meet: addresses, ports, the scheduler's start, the rendezvous file, timeouts
+- scheduler: `python -m msdist.cluster.scheduler`, MindSpore's scheduler tied to the life of its job
+- registration: who has registered with the scheduler, read from its log, and the line naming a rank that has not
+- stall: the one `StallPolicy` and its `--stall_*` option family
+- heartbeat: each rank's progress file, its format and reader, and the stall verdict read from all of them
+- preemption: `--preempt_signal`, the signals a scheduler may send, `REQUEUE_EXIT`
 """

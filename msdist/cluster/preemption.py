@@ -1,43 +1,24 @@
 """Preemption: a stop signal makes the ranks save at one agreed step boundary, then exit for a requeue.
 
-MindSpore-free at import. Three pieces, one concern each:
+What both sides of the protocol share, MindSpore-free: `--preempt_signal NAME` (`parse_signal`: SIGTERM by
+default; SIGUSR1 is msdist's stack-dump signal, heartbeat.STACK_DUMP_SIGNAL, and SIGINT stays "stop now", so
+neither can be it), the signals a scheduler may send (`CANDIDATES`), a repeat's window (`REPEAT_S`) and the
+exit status of a rank that saved (`REQUEUE_EXIT`), which msdist.launch, the relay, the retry script and the
+sbatch take for "requeue, not failure" (docs/cluster.md).
 
-* `parse_signal`: `--preempt_signal NAME` (SIGTERM by default). SIGUSR1 is msdist's stack-dump signal
-  (heartbeat.STACK_DUMP_SIGNAL) and SIGINT stays "stop now", so neither can be the preemption signal.
-* `Listener`, inside every rank: the signal is blocked in every thread and received by one thread with
-  `sigwaitinfo`, which tells who sent it. MindSpore ends the ranks of a broken cluster by sending SIGTERM to
-  itself ("Kill this process with SIGTERM", libmindspore_cluster.so calls kill(getpid(), SIGTERM)): a
-  signal whose sender is this very process is that, never a preemption, and ends the rank as it always
-  did. Any other sender (msdist.launch, mpirun's daemon, slurmstepd, the container runtime) asks for a
-  preemption. A second request more than `REPEAT_S` after the first stops the rank at once; one sooner is
-  the same request arriving by two paths (Slurm signals a whole step, and msdist.launch forwards it too).
-* `Agreement`, the one collective that makes every rank stop at the same step: every rank's flag is
-  gathered at check steps, about `CHECK_EVERY_S` of training apart. All ranks compute the next check step
-  from the same gathered step times, so they always call it together. Between checks a step costs one
-  integer comparison; a check costs one small AllGather (measured 0.32 ms median, 0.51 ms p90, 2 ranks on
-  CPU under mpirun), about 0.05% of the second between checks.
-
-The rank then saves a complete checkpoint at that step and exits with `REQUEUE_EXIT`, which msdist.launch,
-the retry script and the sbatch take for "requeue, not failure" (docs/cluster.md).
+Inside a rank, msdist.rank.preempt_stop hears the signal (`Listener`) and makes every rank stop at one step
+(`Agreement`); msdist.launch passes it on to its ranks (msdist.launcher.forwarder), and a pod's PID 1 to the
+ranks below sshd, msrun or mpirun (msdist.launcher.relay).
 """
-import logging
-import os
 import signal
-import threading
-import time
-from typing import Optional, Sequence
 
 from msdist.base.errors import ConfigError
-
-_logger = logging.getLogger(__name__)
 
 # The status of a rank (and of msdist.launch, the retry script, the sbatch step) that saved on a preemption.
 # Not 1 (a crash) nor 2 (a UserError), and not 128+n for any Linux signal n (1..64, so at most 192); at
 # least 128, which the Kubeflow training operators' `restartPolicy: ExitCode` retry (1-127 are permanent).
 REQUEUE_EXIT = 200
 REPEAT_S = 2.0            # a second signal sooner than this is the first one arriving by another path
-CHECK_EVERY_S = 1.0       # training time between two agreement checks
-_MAX_CHECK_STEPS = 10000
 # Signals a scheduler may send ahead of a kill. Faults (SIGSEGV...) and job control are not, and must
 # never be blocked.
 CANDIDATES = (signal.SIGTERM, signal.SIGUSR2, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM, signal.SIGXCPU)
@@ -69,154 +50,6 @@ def check_signal(name: str) -> None:
     parse_signal(name)
 
 
-def hold_candidates() -> None:
-    """Block every candidate signal in this thread, before any other thread exists (numpy's OpenBLAS pool
-    starts at import). Threads inherit the mask, and a thread that had not blocked the preemption signal
-    would take it with its default action: the process would die instead of saving. The face calls this
-    first; `Listener` later unblocks the candidates not chosen, in the main thread, which then takes them."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, set(CANDIDATES))
-
-
-class Listener:
-    """Receives this rank's preemption signal on its own thread; `requested` once another process sent it.
-
-    Needs `hold_candidates()` first. Children inherit the blocked mask too, so a child that must die by
-    the signal unblocks it first (`unblock_all`, msdist.cluster.scheduler).
-
-    Args:
-        sig: the preemption signal.
-    """
-
-    def __init__(self, sig: signal.Signals):
-        self.sig = sig
-        self.requested_at: Optional[float] = None
-        signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(CANDIDATES) - {sig})
-        self._thread = threading.Thread(target=self._run, name="msdist-preemption", daemon=True)
-        self._thread.start()
-
-    @property
-    def requested(self) -> bool:
-        return self.requested_at is not None
-
-    def _run(self) -> None:
-        while True:
-            info = signal.sigwaitinfo({self.sig})
-            self.received(info.si_pid)
-
-    def received(self, sender: int) -> None:
-        """One delivery of the signal, from process `sender`."""
-        if sender == os.getpid():
-            _die_by(self.sig)
-        elif self.requested_at is None:
-            self.requested_at = time.monotonic()
-            # Logged: rank 0 says it on the console, every rank in its log (before logging is set up, on stderr).
-            _logger.warning("%s from pid %d: saving a checkpoint at the next step all ranks reach, then exiting "
-                            "with %d (requeue); send it again to stop at once", self.sig.name, sender, REQUEUE_EXIT)
-        elif time.monotonic() - self.requested_at > REPEAT_S:
-            _logger.warning("%s again: stopping at once", self.sig.name)
-            logging.shutdown()
-            os._exit(128 + self.sig)  # pylint: disable=protected-access; the main thread is mid-step
-
-
-def _die_by(sig: int) -> None:
-    """What `sig` did before it was blocked: the Python handler set for it (rank 0's scheduler bridge waits
-    for the scheduler's verdict, distributed._ClusterBridge), else its default action, ending the process."""
-    handler = signal.getsignal(sig)
-    if callable(handler):
-        handler(sig, None)
-        return
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
-    signal.pthread_kill(threading.get_ident(), sig)
-
-
 def unblock_all() -> None:
     """In a child of a rank: take every signal again (the rank's blocked mask is inherited across exec)."""
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
-
-
-def next_check(step: int, step_times: Sequence[float]) -> int:
-    """The global step of the next check: about CHECK_EVERY_S of the slowest rank's steps after `step`.
-
-    A pure function of values every rank holds alike, so every rank calls the check at the same step.
-    """
-    slowest = max(step_times) if len(step_times) else 0.0
-    steps = int(CHECK_EVERY_S / slowest) if slowest > 0 else 1
-    return step + min(max(steps, 1), _MAX_CHECK_STEPS)
-
-
-class Agreement:
-    """Every rank stops at the same step boundary: the first check step after any rank was asked to stop.
-
-    Args:
-        listener: this rank's Listener (None: no preemption, `stop_at` is always False).
-        collectives: `distributed.Collectives`; called on the main thread only.
-        start_step: the global step training (re)starts from.
-    """
-
-    def __init__(self, listener: Optional[Listener], collectives, start_step: int):
-        self.listener, self.collectives = listener, collectives
-        self.check_step = start_step + 1
-        self._since = (start_step, time.monotonic())
-        self.agreed_step: Optional[int] = None
-        self.requested_at: Optional[float] = None   # time.monotonic() of this rank's request
-
-    def stop_at(self, global_step: int) -> bool:
-        """After optimizer step `global_step`: whether every rank stops here. A collective at check steps."""
-        if self.listener is None or global_step < self.check_step:
-            return False
-        steps, began = self._since
-        now = time.monotonic()
-        step_s = (now - began) / max(global_step - steps, 1)
-        rows = self.collectives.gather([1.0 if self.listener.requested else 0.0, step_s])
-        self._since = (global_step, now)
-        self.check_step = next_check(global_step, rows[:, 1])
-        if not rows[:, 0].any():
-            return False
-        self.agreed_step = global_step
-        # This rank's own request; a rank whose signal is still on its way counts from the agreement.
-        self.requested_at = self.listener.requested_at or now
-        return True
-
-
-class Forwarder:
-    """msdist.launch's side: the first preemption signal is passed on to every rank it started, once; a second
-    one (later than REPEAT_S) stops everything at once.
-
-    The ranks run in their own sessions, so a signal sent to the launcher alone (Kubernetes signals PID 1,
-    a terminal its foreground group) would never reach them. Each rank's main process gets it, not its
-    process group: dataset workers and helpers must not die before the save.
-
-    Args:
-        sig: the preemption signal (`parse_signal`).
-        stop: called, from the signal handler, on the second signal; it raises to stop the job now.
-    """
-
-    def __init__(self, sig: signal.Signals, stop):
-        self.sig, self.stop = sig, stop
-        self.requested_at: Optional[float] = None
-        self._told = set()
-
-    def install(self) -> None:
-        signal.signal(self.sig, self._on_signal)
-
-    def _on_signal(self, signum, _frame) -> None:
-        if self.requested_at is None:
-            self.request()
-        elif time.monotonic() - self.requested_at > REPEAT_S:
-            self.stop(signum)
-
-    def request(self) -> None:
-        """Preemption asked for without a signal (an elastic job admitting a node: msdist.cluster.elastic)."""
-        self.requested_at = time.monotonic()
-
-    def forward(self, pids: Sequence[int]) -> None:
-        """Once preemption is requested: pass the signal on to each of `pids` not told yet."""
-        if self.requested_at is None:
-            return
-        for pid in set(pids) - self._told:
-            try:
-                os.kill(pid, self.sig)
-            except ProcessLookupError:
-                pass
-            self._told.add(pid)

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 import zlib
 from typing import Dict, Mapping, Union
 
@@ -271,33 +270,3 @@ def collective_wait_env(env: Mapping[str, str], device: str) -> Dict[str, str]:
     if device != "CPU" or unbounded or node_timeout_s(env) >= COLLECTIVE_WAIT_S:
         return {}
     return {"MS_NODE_TIMEOUT": str(COLLECTIVE_WAIT_S)}
-
-
-# ---------------------------------------------------------------- the scheduler's generation (msdist.launch)
-
-def _generation_path(log_dir: str) -> str:
-    return os.path.join(log_dir, "scheduler.generation")
-
-
-def read_generation(log_dir: str) -> str:
-    """The token of the scheduler node 0 started last ("" before the first)."""
-    try:
-        with open(_generation_path(log_dir), encoding="utf-8") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def new_generation(log_dir: str) -> None:
-    """Node 0, before each scheduler starts: a fresh token in the shared log dir, so that other nodes
-    restarting never join the previous attempt's scheduler while it is still dying."""
-    atomic_write_text(_generation_path(log_dir), uuid.uuid4().hex)
-
-
-def wait_for_new_generation(log_dir: str, joined: str, timeout_s: float) -> None:
-    """Other nodes, before a restart: wait until node 0 has started a scheduler newer than `joined`."""
-    deadline = time.monotonic() + timeout_s
-    while read_generation(log_dir) == joined:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"node 0 did not start a new scheduler within {timeout_s:.0f} s")
-        time.sleep(0.2)

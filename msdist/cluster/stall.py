@@ -119,7 +119,7 @@ class StallPolicy:
 
         Args:
             median_step_s: the rank's median step time, None before two steps.
-            warm: whether this process has completed its first few steps (heartbeat.WARMUP_STEPS).
+            warm: whether this process has completed its first few steps (msdist.cluster.heartbeat.WARMUP_STEPS).
             expected_s: what this phase should take (evaluation: its batches at the step time; a save:
                 its bytes at a slow disk's rate), 0 when unknown.
             measured_s: the longest this phase took before in this process.

@@ -11,7 +11,7 @@ import sys
 from msdist.base.args import ArgumentParser, boolean
 from msdist.base.cli import cli_main
 from msdist.base.errors import ConfigError, DataError
-from msdist.cluster import runtime
+from msdist.rank import runtime
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -45,7 +45,7 @@ def fingerprint(data_dir: str) -> str:
 
 def default_cache_dir() -> str:
     """`$XDG_CACHE_HOME/msdist/data_check` (usually ~/.cache/msdist/data_check)."""
-    from msdist.cluster.isa_probe import cache_dir
+    from msdist.rank.isa_probe import cache_dir
     return os.path.join(cache_dir(), "data_check")
 
 

@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from msdist.base.errors import first_line
-from msdist.cluster.runtime import usable_cores
+from msdist.rank.runtime import usable_cores
 
 DECODABLE_FORMATS = ("JPEG", "PNG", "BMP", "TIFF")   # what MindSpore 2.10 Decode reads (not GIF, WebP)
 

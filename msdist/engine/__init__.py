@@ -2,5 +2,5 @@
 gradient reducers, SyncBatchNorm, loss scale, optimizer and LR schedule, EMA of the weights.
 
 precision is MindSpore-free (config validation uses it before MindSpore loads); the others import
-MindSpore. Imports only from msdist.cluster and models.
+MindSpore. Imports only from the layers below it (msdist.rank, msdist.cluster, msdist.base) and models.
 """

@@ -22,7 +22,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from msdist.cluster import distributed
+from msdist.rank import distributed
 from msdist.run import checkpoint
 from msdist.run.checkpoint_saver import Saver
 from msdist.run.position import Position

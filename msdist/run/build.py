@@ -12,8 +12,8 @@ import numpy as np
 
 from models import DEFAULT_CONVENTION
 from msdist.base.errors import DataError, alike_on_every_rank
-from msdist.cluster import runtime
 from msdist.data import pipeline, plan
+from msdist.rank import runtime
 from msdist.run import options
 
 _logger = logging.getLogger(__name__)

@@ -49,7 +49,7 @@ class Saver:
 
     def save(self, at: Position) -> CheckpointInfo:
         """Check the replicas agree, write this rank's checkpoint atomically, then prune old ones."""
-        from msdist.cluster.distributed import check_replicas_identical
+        from msdist.rank.distributed import check_replicas_identical
         check_replicas_identical(self.collectives, self.net, f"at epoch {at.epoch} step {at.step}")
         self.newest = checkpoint.save([{"name": p.name, "data": p} for p in self.params], self.directory,
                                       self.prefix, self.rank, self.state(at), self.meta)

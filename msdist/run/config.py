@@ -21,8 +21,8 @@ from msdist.base import launch_env
 from msdist.base.args import ArgumentParser, boolean
 from msdist.base.errors import ConfigError, first_line
 from msdist.cluster import preemption, stall
-from msdist.cluster.runtime import CPU_ISA_CHOICES
 from msdist.engine import precision
+from msdist.rank.runtime import CPU_ISA_CHOICES
 from msdist.run import profiler
 
 

@@ -11,8 +11,8 @@ from typing import List, Optional, Sequence, Tuple
 
 from msdist.base.args import ArgumentParser, boolean, positive_int
 from msdist.base.errors import ConfigError
-from msdist.cluster import runtime
 from msdist.data import pipeline
+from msdist.rank import runtime
 from msdist.run import checkpoint_model
 
 # torchvision's ImageNet-1k category names (its weights' meta["categories"]), one a line in class-index order:

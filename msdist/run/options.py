@@ -14,9 +14,9 @@ import numpy as np
 
 from msdist.base.errors import ConfigError
 from msdist.base.launch_env import BATCH_SLOTS_VAR, RESUME_FROM_RANK0_VAR
-from msdist.cluster import runtime
 from msdist.data import augment, pipeline, plan
 from msdist.engine import optim, precision
+from msdist.rank import runtime
 from msdist.run import checkpoint_model, config, profiler, stragglers
 
 

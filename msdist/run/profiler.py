@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
 
 from msdist.base.errors import ConfigError
-from msdist.cluster import gpu_plugin
+from msdist.rank import gpu_plugin
 
 _logger = logging.getLogger(__name__)
 PROFILE_DIR = "profile"

@@ -25,9 +25,10 @@ from typing import Callable, Sequence, Tuple
 
 from msdist.base import launch_env
 from msdist.base.errors import ConfigError, alike_on_every_rank
-from msdist.cluster import device, distributed, job, local_exchange, runtime, stall
+from msdist.cluster import job, stall
 from msdist.data import pipeline, plan
 from msdist.engine import precision
+from msdist.rank import device, distributed, local_exchange, runtime
 from msdist.run import config, options, recipe
 from msdist.run.options import batch_slots  # `start` has a parameter named options
 

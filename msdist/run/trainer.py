@@ -13,7 +13,7 @@ for each batch (the wait ends at `meter.data_ready()`), `_train_step` runs the c
 (`_evaluate`) when the schedule says so, after making the ranks one model once for both (`_one_model`).
 Off schedule, the state is written as it is (`_write`, no `--dist_bn` unify, no EMA sync): every
 `--save_every_steps` steps by a background thread (`_save_by_steps`, run/background_save.py), and at the
-step the ranks agree on after a preemption signal (`_save_preempted`, cluster/preemption.py), after which
+step the ranks agree on after a preemption signal (`_save_preempted`, rank/preempt_stop.py), after which
 the run ends for a requeue.
 """
 import logging
@@ -21,9 +21,10 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from msdist.cluster import distributed, preemption
+from msdist.cluster.preemption import REQUEUE_EXIT
 from msdist.data import pipeline, prefetch
 from msdist.engine import bn_stats, loss_scale, optim, reducers
+from msdist.rank import distributed, preempt_stop
 from msdist.run import checkpoint, config, evaluation, options, resume_point
 from msdist.run.background_save import BackgroundSaver
 from msdist.run.build import Data, Model
@@ -64,14 +65,14 @@ class Trainer:
         cfg: the resolved training config.
         dist, collectives: this rank and the job's host-side collectives.
         data, model: what `build.load_data` and `build.build_model` made.
-        beat: this rank's heartbeat (msdist.cluster.heartbeat), told what the loop is doing.
+        beat: this rank's heartbeat (msdist.rank.heartbeat_writer), told what the loop is doing.
         launch_kind: how the job was started (the progress bar is drawn only on a terminal).
-        listener: this rank's `preemption.Listener` (None: the run ignores preemption).
+        listener: this rank's `preempt_stop.Listener` (None: the run ignores preemption).
         flop_rate: the step line's TFLOP/s (`flops.FlopRate`), or None.
     """
 
     def __init__(self, cfg, dist, collectives, data: Data, model: Model, beat, launch_kind: str,
-                 listener: Optional[preemption.Listener] = None, flop_rate=None):
+                 listener: Optional[preempt_stop.Listener] = None, flop_rate=None):
         self.cfg, self.dist, self.collectives, self.data, self.model = cfg, dist, collectives, data, model
         self.steps_per_epoch = data.steps_per_epoch
         self.beat, self.launch_kind = beat, launch_kind
@@ -85,7 +86,7 @@ class Trainer:
         self.watch: Optional[Watch] = None
         self.saved_at = 0
         self.listener, self.flop_rate = listener, flop_rate
-        self.stop: Optional[preemption.Agreement] = None
+        self.stop: Optional[preempt_stop.Agreement] = None
         self.profiler: Optional[StepProfiler] = None   # --profile_steps, on the ranks it covers
         # What the stall watch scales a save's and an evaluation's allowance from.
         self._state_bytes = sum(p.nbytes for p in model.net.get_parameters()) + \
@@ -129,7 +130,7 @@ class Trainer:
         self.profiler = StepProfiler.open(options.profile_window(cfg), self.dist.rank, self.dist.device_target,
                                           cfg.output_dir, at.global_step)
         self.saved_at, metrics = at.global_step, None
-        self.stop = preemption.Agreement(self.listener, self.collectives, at.global_step)
+        self.stop = preempt_stop.Agreement(self.listener, self.collectives, at.global_step)
         train_start = time.perf_counter()
         while at.next_epoch(self.steps_per_epoch) < cfg.epochs and not self._reached(at) and not self._preempted:
             at = self._train_epoch(at)
@@ -162,7 +163,7 @@ class Trainer:
         self.watch.close()
         _logger.warning("preempted: the ranks agreed on global step %d; checkpoint complete %.1f s after the "
                         "signal; exiting with %d (requeue)", at.global_step,
-                        time.monotonic() - self.stop.requested_at, preemption.REQUEUE_EXIT)
+                        time.monotonic() - self.stop.requested_at, REQUEUE_EXIT)
         return Outcome(at, {}, train_start, train_seconds, self.watch.meter, self.saver.newest,
                        self.watch.ranks.summary(), preempted=True)
 
@@ -192,7 +193,7 @@ class Trainer:
         return at
 
     def _stop_agreed(self, at: Position) -> bool:
-        """Whether every rank stops after `at` (preemption.Agreement): a collective at check steps, in a phase of its
+        """Whether every rank stops after `at` (preempt_stop.Agreement): a collective at check steps, in a phase of its
         own, so that a rank held there by a stuck one says where it waits (heartbeat's stall line)."""
         self.beat.enter("stop check")
         agreed = self.stop.stop_at(at.global_step)

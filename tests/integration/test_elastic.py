@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from msdist.cluster.peers import MEMBER_TIMEOUT_S
+from msdist.launcher.peers import MEMBER_TIMEOUT_S
 from test_launch import TINY_CONFIG, DATA_DIR, Job, _tagged_pids
 from test_two_hosts import _create_namespaces, _delete_namespaces
 

@@ -24,8 +24,9 @@ import pytest
 
 from msdist import launch
 from msdist.base.errors import ConfigError, DataError
-from msdist.cluster import failures, heartbeat, preemption, supervisor
+from msdist.cluster import heartbeat, preemption
 from msdist.cluster.rendezvous import free_port
+from msdist.launcher import failures, supervisor
 from msdist.run import checkpoint
 from conftest import REPO
 from conftest import REAL_DATA as DATA_DIR

@@ -181,7 +181,7 @@ def _launch_plans(*args) -> dict:
 
 
 def test_msdist_launch_one_node(gpu_node):
-    """Rank source MS_NODE_ID + MSDIST_LOCAL_RANK (cluster/supervisor.py `worker_env`): the dynamic cluster."""
+    """Rank source MS_NODE_ID + MSDIST_LOCAL_RANK (launcher/supervisor.py `worker_env`): the dynamic cluster."""
     ranks = _launch_plans("-n", "2", "--host_root", gpu_node)
     for rank in (0, 1):
         assert ranks[rank]["launcher"].startswith("msdist.launch (cluster)")

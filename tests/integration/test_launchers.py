@@ -127,7 +127,7 @@ def test_mpirun_failed_rank_is_named(tmp_path):
 _LATE_RANK = """
 import os, sys, time
 from msdist.base import launch_env
-from msdist.cluster import distributed
+from msdist.rank import distributed
 dist = distributed.init(launch_env.detect_launch(), "CPU", sys.argv[1])
 if dist.rank == 1:
     time.sleep(12)  # still compiling, as far as rank 0 can tell

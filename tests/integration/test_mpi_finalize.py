@@ -10,7 +10,7 @@ from conftest import REPO, base_env
 
 _MPI_PROGRAM = """
 import ctypes, os, sys
-from msdist.cluster import distributed
+from msdist.rank import distributed
 mpi = ctypes.CDLL("libmpi.so.40", mode=ctypes.RTLD_GLOBAL)
 mpi.MPI_Init(None, None)
 if sys.argv[1] == "finalize":

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from conftest import run_msdist, tiny_args
-from msdist.cluster import runtime
+from msdist.rank import runtime
 
 
 # oneDNN's start-up lines, printed by every process that creates a primitive.

@@ -14,14 +14,15 @@ import time
 import pytest
 
 from conftest import MPI_ENV, mpirun, msrun
-from msdist.cluster import preemption
 from msdist.base.errors import ConfigError
+from msdist.cluster import preemption
+from msdist.rank import preempt_stop
 from msdist.run import checkpoint
 from test_launch import EXACT_ARGS, REPO, Job, assert_same_final_params
 
 # EMA on: an off-schedule save must not synchronise it (nor unify BatchNorm statistics, --dist_bn reduce).
 # 30 epochs of 12 steps: the ranks look for a stop request about once a second of training
-# (preemption.CHECK_EVERY_S), and a fast host runs ~60 of these steps a second; with 5 epochs the job could end
+# (preempt_stop.CHECK_EVERY_S), and a fast host runs ~60 of these steps a second; with 5 epochs the job could end
 # before the first check after the signal, and a job that ends first rightly exits 0 (as CI's host showed).
 ARGS = EXACT_ARGS + ["--ema_decay", "0.9", "--epochs", "30"]
 # The ranks are frozen as soon as rank 1's epoch-1 checkpoint (step 12) is complete, and run on once the
@@ -45,16 +46,16 @@ def test_preempt_signal_refuses_the_stack_dump_signal_and_ctrl_c():
 
 
 def test_next_check_is_about_a_second_of_the_slowest_rank():
-    assert preemption.next_check(100, [0.05, 0.1]) == 110
-    assert preemption.next_check(100, [3.0, 0.1]) == 101      # slow steps: check after every step
-    assert preemption.next_check(100, [0.0, 0.0]) == 101      # no timing yet
+    assert preempt_stop.next_check(100, [0.05, 0.1]) == 110
+    assert preempt_stop.next_check(100, [3.0, 0.1]) == 101      # slow steps: check after every step
+    assert preempt_stop.next_check(100, [0.0, 0.0]) == 101      # no timing yet
 
 
 _LISTENING = """
-from msdist.cluster import preemption
-preemption.hold_candidates()
+from msdist.rank import preempt_stop
+preempt_stop.hold_candidates()
 import os, signal, sys, time, numpy  # numpy starts a thread before the listener, as in msdist.train
-listener = preemption.Listener(signal.SIGTERM)
+listener = preempt_stop.Listener(signal.SIGTERM)
 print("ready", flush=True)
 if sys.argv[1] == "self":
     os.kill(os.getpid(), signal.SIGTERM)  # what MindSpore does to the ranks of a broken cluster
@@ -181,7 +182,7 @@ def test_mpijob_worker_sigterm_reaches_the_ranks_through_the_relay_and_mpirun_ex
     # sshd stays up after the ranks it carried have gone: the relay has to stop it.
     stand_in.write_text('"$@"; echo $? > "$MPIRUN_STATUS"; exec sleep 3600\n', encoding="utf-8")
     status = tmp_path / "mpirun.status"
-    relay = [sys.executable, "-m", "msdist.cluster.relay", "--", "bash", str(stand_in), *mpirun(2), sys.executable,
+    relay = [sys.executable, "-m", "msdist.launcher.relay", "--", "bash", str(stand_in), *mpirun(2), sys.executable,
              "-m", "msdist.train"]
     job = Job(tmp_path, "mpirun", [], ARGS, command=relay, env={**MPI_ENV, "MPIRUN_STATUS": str(status)})
     _signal_mid_epoch_2(job)   # SIGTERM: kubelet -> the worker pod's PID 1
@@ -201,7 +202,7 @@ def test_mpijob_worker_sigterm_reaches_the_ranks_through_the_relay_and_mpirun_ex
 def test_msrun_under_the_relay_saves_at_one_agreed_step(tmp_path):
     """msrun has no SIGTERM handler and its workers run in their own sessions: the relay tells them."""
     command, env = msrun(tmp_path, [])
-    relay = [sys.executable, "-m", "msdist.cluster.relay", "--", *command]
+    relay = [sys.executable, "-m", "msdist.launcher.relay", "--", *command]
     job = Job(tmp_path, "msrun", [], ARGS, command=relay, env={"PATH": env["PATH"]})
     _signal_mid_epoch_2(job)
     assert job.wait() == preemption.REQUEUE_EXIT, job.stderr()
@@ -212,7 +213,7 @@ def test_msrun_under_the_relay_saves_at_one_agreed_step(tmp_path):
 
 
 def _relay(*args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "msdist.cluster.relay", *args], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "msdist.launcher.relay", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=REPO))
 
 
@@ -223,7 +224,7 @@ def test_the_relay_passes_its_commands_status_through_and_refuses_bad_input_in_o
         return proc
     assert relay("--", "sh", "-c", "exit 3").returncode == 3   # no signal: the command's own status
     for args, why in ((["--preempt_signal", "USR1", "--", "true"], "stack-dump"), ([], "needs a command")):
-        refused = subprocess.run([sys.executable, "-m", "msdist.cluster.relay", *args], capture_output=True,
+        refused = subprocess.run([sys.executable, "-m", "msdist.launcher.relay", *args], capture_output=True,
                                  text=True, env=dict(os.environ, PYTHONPATH=REPO), timeout=60)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and why in refused.stderr
 

@@ -102,7 +102,7 @@ def test_a_rank_joins_unbound_without_wakeup_preemption_then_every_thread_is_bou
     those started in between too, and gives them SCHED_OTHER back."""
     script = """
 import os, threading, time
-from msdist.cluster import runtime
+from msdist.rank import runtime
 os.sched_setaffinity(0, {0})                      # as mpirun --bind-to core leaves a rank
 rt = runtime.prepare(cpu_isa="default", local_world_size=2, local_rank=0)
 assert rt.cores == (0,), rt

@@ -14,7 +14,7 @@ import yaml
 from conftest import REPO
 from msdist import check, launch
 from msdist.cluster import preemption
-from msdist.cluster import relay as relay_module
+from msdist.launcher import relay as relay_module
 from msdist.run import config, recipe
 
 DEPLOY = os.path.join(REPO, "deploy")
@@ -118,7 +118,7 @@ def test_mpijob_passes_a_pods_sigterm_on_to_the_ranks_and_restarts_the_launcher_
     """Kubernetes signals PID 1 only: mpirun would kill its ranks, sshd would not tell them. The relay is PID 1
     of both pods; the ranks take SIGUSR2, which mpirun forwards; exit 200 is retryable under ExitCode."""
     (job,) = _documents(os.path.join(DEPLOY, "k8s", "mpijob.yaml"))
-    relay = ["python", "-m", "msdist.cluster.relay", "--preempt_signal", "SIGUSR2", "--"]
+    relay = ["python", "-m", "msdist.launcher.relay", "--preempt_signal", "SIGUSR2", "--"]
     for replica in ("Launcher", "Worker"):
         pod, container = _container(job, replica)
         assert container["command"][:len(relay)] == relay

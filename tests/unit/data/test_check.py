@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from msdist.base.errors import DataError
-from msdist.cluster.distributed import Collectives
 from msdist.data import check, pipeline, shared_check
+from msdist.rank.distributed import Collectives
 from image_trees import _real_images, _make_tree, _jpeg_bytes, _encoded, _write, _plant_bad_files, _no_hang
 
 

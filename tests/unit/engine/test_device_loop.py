@@ -94,7 +94,7 @@ def test_allreduce_fusion_is_validated(monkeypatch):
 # ---------------------------------------------------------------- GPU runs skip the CPU-only set-up
 
 def test_gpu_runs_never_probe_the_cpu_isa(monkeypatch):
-    from msdist.cluster import isa_probe, runtime
+    from msdist.rank import isa_probe, runtime
 
     assert not runtime.needs_cpu_isa("GPU") and runtime.needs_cpu_isa("CPU") and runtime.needs_cpu_isa("auto")
     for name in ("GLOG_v", "GLOG_minloglevel", "OMP_NUM_THREADS"):  # prepare() sets them: restore afterwards
@@ -112,7 +112,7 @@ def test_gpu_runs_never_probe_the_cpu_isa(monkeypatch):
 def test_compile_cache_key_uses_the_resolved_device_and_amp_level(tmp_path, data_dir):
     """A run directory started on CPU and resumed on GPU must not load the CPU graph: the key holds the device
     `auto` resolved to, and the amp level `auto` resolved to there (O0 on CPU, O2 on GPU)."""
-    from msdist.cluster import runtime
+    from msdist.rank import runtime
     from msdist.run import config, startup
 
     def key(argv, target):

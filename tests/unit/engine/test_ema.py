@@ -7,9 +7,9 @@ from msdist.run.position import Position
 def test_ema_update_swap_and_resume(tmp_path):
     import mindspore as ms
     from mindspore import nn
-    from msdist.run import checkpoint_saver
-    from msdist.cluster import distributed
     from msdist.engine import ema
+    from msdist.rank import distributed
+    from msdist.run import checkpoint_saver
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     net = nn.Dense(3, 2)
     start = {p.name: p.asnumpy().copy() for p in net.get_parameters()}

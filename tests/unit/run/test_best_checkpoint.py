@@ -42,7 +42,7 @@ def test_best_right_after_a_save_at_the_same_position_is_that_checkpoint(tmp_pat
     numbered checkpoint, so the model is on disk once, decided by position without hashing the weights; a model
     evaluated at a position with no save of its own (trained on since) gets its own file."""
     import mindspore as ms
-    from msdist.cluster.distributed import Collectives
+    from msdist.rank.distributed import Collectives
     from msdist.run import checkpoint, checkpoint_model, checkpoint_saver
     from msdist.run.position import Position
     net = ms.nn.Dense(3, 2)

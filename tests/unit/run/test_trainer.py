@@ -74,7 +74,7 @@ def test_each_state_prefix_is_written_once_in_the_package():
 def _trainer(tmp_path, data_dir, *extra):
     """A Trainer built in this process as msdist.train builds it (one rank, CPU)."""
     import mindspore as ms
-    from msdist.cluster import distributed, runtime
+    from msdist.rank import distributed, runtime
     from msdist.run import build, config, options
     from msdist.run.trainer import Trainer
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -106,13 +106,14 @@ def test_the_trainers_state_is_exactly_what_the_components_declare(tmp_path, dat
 def test_an_epoch_end_makes_the_ranks_one_model_once_and_its_best_is_the_file_just_saved(tmp_path, data_dir):
     """Save and evaluate at one epoch end share one `_one_model` (the EMA synced once, the BatchNorm statistics
     gathered once), and the best checkpoint is decided by position: a link to the file saved at that step."""
-    from msdist.cluster import heartbeat
     from msdist.cluster.stall import StallPolicy
+    from msdist.rank import heartbeat_writer
     from msdist.run import checkpoint
     from msdist.run.options import checkpoint_place
     trainer = _trainer(tmp_path, data_dir, "--ema_decay", 0.9, "--epochs", 1)
     os.makedirs(tmp_path / "logs", exist_ok=True)
-    trainer.beat = heartbeat.Heartbeat(str(tmp_path / "logs"), 0, StallPolicy.from_options({"stall_timeout": "0"}))
+    trainer.beat = heartbeat_writer.Heartbeat(str(tmp_path / "logs"), 0,
+                                              StallPolicy.from_options({"stall_timeout": "0"}))
     ema, syncs = trainer.model.ema, []
     synchronize = ema.synchronize
     ema.synchronize = lambda collectives: syncs.append(collectives) or synchronize(collectives)
@@ -138,13 +139,13 @@ def test_an_old_checkpoint_restores_position_weights_and_training_state(tmp_path
 
 
 def test_the_stop_check_after_a_step_has_a_phase_of_its_own(tmp_path):
-    """The preemption check after a step is a collective (preemption.Agreement): a rank held there by a stuck one
+    """The preemption check after a step is a collective (preempt_stop.Agreement): a rank held there by a stuck one
     must say so in the stall line, not look like a rank waiting for its data."""
     from types import SimpleNamespace
-    from msdist.cluster import heartbeat
     from msdist.cluster.stall import StallPolicy
+    from msdist.rank import heartbeat_writer
     from msdist.run.trainer import Trainer
-    beat = heartbeat.Heartbeat(str(tmp_path), 0, StallPolicy.from_options({}))
+    beat = heartbeat_writer.Heartbeat(str(tmp_path), 0, StallPolicy.from_options({}))
     beat.step_done(1, 12, 12)
     beat.enter("data wait")
     during = []

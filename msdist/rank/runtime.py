@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
-from msdist.cluster import local_exchange
+from msdist.rank import local_exchange
 
 _logger = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ def choose_cpu_isa(requested: str) -> tuple:
         return os.environ["ONEDNN_MAX_CPU_ISA"], "env"
     if requested and requested != "auto":
         return ("" if requested == "default" else requested), "option"
-    from msdist.cluster import isa_probe  # imported late: the probe spawns subprocesses
+    from msdist.rank import isa_probe  # imported late: the probe spawns subprocesses
     return isa_probe.best_isa(), "probe"
 
 

@@ -1,6 +1,6 @@
 """Elastic membership for `msdist.launch --nnodes MIN:MAX`: who is in the job, who hosts MindSpore's
 scheduler, and which node rank each node gets. Pure functions of what the launchers know; the talking is
-msdist.cluster.peers, the restarts msdist.cluster.elastic.
+msdist.launcher.peers, the restarts msdist.launcher.elastic.
 
 A node is named by its membership address, "IP:PORT" (the port is --master_port + 1 on every node).
 A `View` lists the job's nodes in node-rank order:

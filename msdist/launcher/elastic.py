@@ -1,7 +1,7 @@
 """`msdist.launch --nnodes MIN:MAX`: the job goes on when a node is lost, and takes in nodes that ask to join.
 
-The launchers talk through msdist.cluster.peers; msdist.cluster.membership decides (pure). This module runs
-the attempts (msdist.cluster.supervisor.run_attempt) of one launcher under the views they agree on:
+The launchers talk through msdist.launcher.peers; msdist.launcher.membership decides (pure). This module runs
+the attempts (msdist.launcher.supervisor.run_attempt) of one launcher under the views they agree on:
 
 * first formation: the launcher started with --node_rank 0 forms view 1 once MAX nodes asked, or MIN nodes
   asked and --wait_for_nodes passed since (fewer than MIN within --stall_startup_timeout: the named failure);
@@ -32,13 +32,14 @@ from typing import Dict, List, Optional
 from msdist.base.errors import ConfigError
 from msdist.base.files import rank_log_path
 from msdist.base.launch_env import BATCH_SLOTS_VAR, RESUME_FROM_RANK0_VAR
-from msdist.cluster import peers as peers_mod
 from msdist.cluster import preemption
-from msdist.cluster.failures import Failure
-from msdist.cluster.membership import (Change, NodeRange, TooFewNodes, View, decide, describe, first_order, host_of,
+from msdist.launcher import peers as peers_mod
+from msdist.launcher.failures import Failure
+from msdist.launcher.forwarder import Forwarder
+from msdist.launcher.membership import (Change, NodeRange, TooFewNodes, View, decide, describe, first_order, host_of,
                                        leader, record)
-from msdist.cluster.peers import Peers
-from msdist.cluster.supervisor import Plan, report_failure, run_attempt, say
+from msdist.launcher.peers import Peers
+from msdist.launcher.supervisor import Plan, report_failure, run_attempt, say
 
 _WAIT_S = 0.2
 _RESUMED = re.compile(r"resumed from .*global step (\d+)")
@@ -62,8 +63,8 @@ def rank_environment(plan: Plan) -> Dict[str, str]:
     return {BATCH_SLOTS_VAR: str(plan.max_nodes * plan.nproc), RESUME_FROM_RANK0_VAR: "1"}
 
 
-def supervise(plan: Plan, forwarder: preemption.Forwarder) -> int:
-    """Run this node's part of an elastic job until it ends; the exit status (msdist.cluster.supervisor.run)."""
+def supervise(plan: Plan, forwarder: Forwarder) -> int:
+    """Run this node's part of an elastic job until it ends; the exit status (msdist.launcher.supervisor.run)."""
     os.makedirs(plan.log_dir, exist_ok=True)
     os.environ.update(rank_environment(plan))   # every rank inherits it
     port = plan.master_port + 1
@@ -76,7 +77,7 @@ def supervise(plan: Plan, forwarder: preemption.Forwarder) -> int:
 
 
 class _Elastic:
-    def __init__(self, plan: Plan, peers: Peers, forwarder: preemption.Forwarder):
+    def __init__(self, plan: Plan, peers: Peers, forwarder: Forwarder):
         self.plan, self.peers, self.forwarder = plan, peers, forwarder
         self.nodes = NodeRange(plan.nnodes, plan.max_nodes)
         self.me = peers.me
@@ -294,7 +295,7 @@ class _Watch:
         self.elastic, self.peers, self.view, self.pending = elastic, elastic.peers, view, announce
         self.admitting = False
         self.seen_gone: Dict[str, str] = {}
-        self._save = preemption.Forwarder(elastic.plan.preempt_signal, None)
+        self._save = Forwarder(elastic.plan.preempt_signal, None)
         self._rank0_log = rank_log_path(elastic.plan.log_dir, 0)
         self._offset = os.path.getsize(self._rank0_log) if os.path.exists(self._rank0_log) else 0
 

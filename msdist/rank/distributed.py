@@ -28,8 +28,9 @@ import numpy as np
 from msdist.base import cli
 from msdist.base.errors import ConfigError, alike_on_every_rank
 from msdist.base.launch_env import LaunchEnv
-from msdist.cluster import device, job, local_exchange, registration, rendezvous
+from msdist.cluster import job, registration, rendezvous
 from msdist.cluster.stall import StallPolicy
+from msdist.rank import device, local_exchange
 
 _logger = logging.getLogger(__name__)
 # What a rank's exception says when a collective could not complete because a peer is gone or stopped.

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from msdist.base.errors import ConfigError
-from msdist.cluster import gpu_plugin
+from msdist.rank import gpu_plugin
 
 # A CUDA_VISIBLE_DEVICES entry CUDA accepts: an index or a GPU/MIG UUID. CUDA ignores every entry from
 # the first invalid one on (Slurm writes "NoDevFiles" for a step without GPUs).

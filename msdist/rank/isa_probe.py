@@ -74,7 +74,7 @@ def _time_candidate(isa: str) -> float:
     if isa:
         env["ONEDNN_MAX_CPU_ISA"] = isa
     try:
-        out = subprocess.run([sys.executable, "-m", "msdist.cluster.isa_probe"], env=env, capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-m", "msdist.rank.isa_probe"], env=env, capture_output=True, text=True,
                              timeout=_PROBE_TIMEOUT_S, check=False).stdout
     except subprocess.TimeoutExpired:
         return float("inf")

@@ -1,4 +1,4 @@
-"""cluster/watchdog.py: the in-rank watchdog obeys the silence limit and runs under every launcher but
+"""rank/watchdog.py: the in-rank watchdog obeys the silence limit and runs under every launcher but
 msdist.launch."""
 import os
 import socket
@@ -32,7 +32,7 @@ def test_the_watchdog_obeys_the_silence_limit_too(tmp_path):
 
 def test_every_launcher_but_msdist_launch_gets_the_watchdog_inside_the_ranks():
     from msdist.base import launch_env
-    from msdist.cluster import watchdog
+    from msdist.rank import watchdog
     on = StallPolicy.from_options({"stall_timeout": "auto"})
     envs = {
         "mpirun": {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"},

@@ -1,11 +1,11 @@
-"""Cores per rank (cluster/runtime.py `split_shared_mask`, `assumed_masks`) and the per-host exchange through which
-the local ranks learn each other's masks before MindSpore loads (cluster/local_exchange.py)."""
+"""Cores per rank (rank/runtime.py `split_shared_mask`, `assumed_masks`) and the per-host exchange through which
+the local ranks learn each other's masks before MindSpore loads (rank/local_exchange.py)."""
 import multiprocessing
 import os
 
 import pytest
 
-from msdist.cluster import local_exchange, runtime
+from msdist.rank import local_exchange, runtime
 
 Placement = runtime.Placement
 

@@ -25,10 +25,11 @@ import sys
 import threading
 import time
 
+from msdist.base.files import rank_log_path
 from msdist.base.launch_env import LaunchEnv
 from msdist.cluster import heartbeat
-from msdist.base.files import rank_log_path
 from msdist.cluster.stall import StallPolicy
+from msdist.rank import heartbeat_writer
 
 _POLL_S = 1.0
 _REPORT_GRACE_S = 5.0    # a rank other than the reporter waits this long for the reporter's record
@@ -105,12 +106,12 @@ class Watchdog:
                 pass
 
     def _end(self, why: str, linger_s: float) -> None:
-        heartbeat.dump_stacks(self.log_path, why)
+        heartbeat_writer.dump_stacks(self.log_path, why)
         time.sleep(linger_s)
         os._exit(_EXIT_STALLED)  # pylint: disable=protected-access; the main thread may never run again
 
 
-def watch_this_rank(log_dir: str, launch: LaunchEnv, policy: StallPolicy) -> heartbeat.Heartbeat:
+def watch_this_rank(log_dir: str, launch: LaunchEnv, policy: StallPolicy) -> heartbeat_writer.Heartbeat:
     """Start this rank's heartbeat, and its watchdog unless msdist.launch's supervisor watches the job.
 
     Args:
@@ -118,7 +119,7 @@ def watch_this_rank(log_dir: str, launch: LaunchEnv, policy: StallPolicy) -> hea
         launch: how this process was started.
         policy: the stall options (`StallPolicy.from_options`).
     """
-    beat = heartbeat.Heartbeat(log_dir, launch.rank, policy).start()
+    beat = heartbeat_writer.Heartbeat(log_dir, launch.rank, policy).start()
     if needed(launch, policy):
         Watchdog(log_dir, launch.rank, launch.world_size, rank_log_path(log_dir, launch.rank), policy).start()
     return beat

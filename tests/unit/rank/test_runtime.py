@@ -1,4 +1,4 @@
-"""cluster/runtime.py and cluster/isa_probe.py: ISA choice applied and cached, threads split, compile cache
+"""rank/runtime.py and rank/isa_probe.py: ISA choice applied and cached, threads split, compile cache
 keyed, low precision in effect, compile memory returned.
 
 Timings never appear here (they belong to benchmarks/throughput.py). Each test checks that a
@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from msdist.cluster import isa_probe, runtime
+from msdist.rank import isa_probe, runtime
 from msdist.run import config
 
 

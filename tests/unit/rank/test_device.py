@@ -1,4 +1,4 @@
-"""msdist.cluster.device: the device, device id and MindSpore call of every rank, without a GPU.
+"""msdist.rank.device: the device, device id and MindSpore call of every rank, without a GPU.
 
 The decisions are pure functions (probe in, plan out), so the GPU cases run here on invented probes."""
 import multiprocessing
@@ -7,8 +7,8 @@ import os
 import pytest
 
 from msdist.base.errors import ConfigError
-from msdist.cluster import device
-from msdist.cluster.device import GpuProbe
+from msdist.rank import device
+from msdist.rank.device import GpuProbe
 
 
 NO_GPU = GpuProbe(plugin_loaded=False, visible_devices=0, nvidia_present=False)
@@ -151,7 +151,7 @@ def test_cuda_bus_id_is_empty_without_a_cuda_driver():
 
 def _refuse_shared_gpu_in_rank(local_rank, bus_id, out):
     from msdist.base import launch_env
-    from msdist.cluster import distributed
+    from msdist.rank import distributed
     device.cuda_bus_id = lambda ordinal: bus_id  # what CUDA would answer on a GPU node (none here)
     launch = launch_env.LaunchEnv("mpirun", local_rank, 2, local_rank, 2, f"test-{os.getppid()}", "mpirun")
     try:

@@ -26,7 +26,7 @@ And one watch on MindSpore's scheduler log (node 0, msdist.cluster.registration)
 --stall_register_timeout after all the others is named in one line and respawned with the same node id
 (a rank that misses its registration is not stuck for good: a new process joins at once, issue #34).
 
-How a failed attempt is described (the rank, how it failed, its traceback) is msdist.cluster.failures.
+How a failed attempt is described (the rank, how it failed, its traceback) is msdist.launcher.failures.
 """
 import dataclasses
 import os
@@ -41,8 +41,10 @@ from typing import Callable, Dict, List, Optional
 from msdist.base.errors import ConfigError
 from msdist.base.files import rank_log_path
 from msdist.cluster import heartbeat, preemption, registration, rendezvous
-from msdist.cluster.failures import Failure, describe_exit, first_cause, traceback_tail, with_cluster_cause
 from msdist.cluster.stall import StallPolicy
+from msdist.launcher import scheduler_generation
+from msdist.launcher.failures import Failure, describe_exit, first_cause, traceback_tail, with_cluster_cause
+from msdist.launcher.forwarder import Forwarder
 
 _POLL_S = 0.5
 _TERM_GRACE_S = 4.0            # SIGTERM -> SIGKILL; keeps "all stopped" well under 15 s
@@ -61,7 +63,7 @@ def say(message: str) -> None:
 
 @dataclass(frozen=True)
 class Plan:
-    """What to launch on this node, resolved from the command line."""
+    """What to launch on this node, resolved once from the command line (msdist/launch.py); built by name."""
     nproc: int
     nnodes: int
     node_rank: int
@@ -71,11 +73,8 @@ class Plan:
     stall: StallPolicy           # the train options' --stall_*, obeyed here as the ranks' watchdogs would
     train_args: List[str]
     output_dir: str
-    data_dir: str
-    show_plan: bool = False      # --plan: print each local rank's `msdist.check --plan` and start nothing
-    host_root: str = "/"         # --plan's --host_root: where the GPU facts are read
     preempt_signal: int = signal.SIGTERM   # the train option --preempt_signal: passed on to the ranks
-    max_nodes: int = 0           # --nnodes MIN:MAX's MAX (msdist.cluster.elastic when above nnodes)
+    max_nodes: int = 0           # --nnodes MIN:MAX's MAX (msdist.launcher.elastic when above nnodes)
     wait_for_nodes: float = 30.0  # --wait_for_nodes: elastic node 0 waits this long for more than MIN nodes
 
     @property
@@ -211,7 +210,7 @@ def _pick_port(plan: Plan, attempt: int) -> int:
 
 
 def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[str, str],
-                forwarder: preemption.Forwarder, watch: Optional[Callable[[List[_Worker]], Optional[Failure]]] = None
+                forwarder: Forwarder, watch: Optional[Callable[[List[_Worker]], Optional[Failure]]] = None
                 ) -> Optional[Failure]:
     """Run every local rank to the end; return None on success or the first failure seen (or the requeue).
 
@@ -225,19 +224,19 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[st
     try:
         try:
             if plan.node_rank == 0:
-                rendezvous.new_generation(plan.log_dir)
+                scheduler_generation.new_generation(plan.log_dir)
                 scheduler_log = os.path.join(plan.log_dir, "scheduler.log")
                 joining = _Joining(plan, registration.LogTail.from_end(scheduler_log))
                 scheduler = rendezvous.start_scheduler(plan.master_addr, port, plan.world_size, scheduler_log)
             elif attempt > 0:
-                rendezvous.wait_for_new_generation(plan.log_dir, joined.get("generation", ""),
+                scheduler_generation.wait_for_new_generation(plan.log_dir, joined.get("generation", ""),
                                                      plan.stall.stall_startup_timeout)
             # Only once it listens: a worker that finds none fails its registration tries (see wait_until_listening).
             rendezvous.wait_until_listening(plan.master_addr, port, plan.stall.stall_startup_timeout)
         except RuntimeError as e:
             where = "" if plan.node_rank == 0 else "; check --master_addr/--master_port and that node 0's launcher runs"
             return Failure(None, f"{e}{where}")
-        joined["generation"] = rendezvous.read_generation(plan.log_dir)
+        joined["generation"] = scheduler_generation.read_generation(plan.log_dir)
         workers = [_spawn_worker(plan, i, plan.master_addr, port, train_args) for i in range(plan.nproc)]
         ranks = ", ".join(f"rank {w.rank} pid {w.proc.pid}" for w in workers)
         say(f"attempt {attempt + 1}: started {ranks} (world size {plan.world_size}, node {plan.node_rank}); "
@@ -315,7 +314,8 @@ def _requeue(workers: List[_Worker]) -> Failure:
 
 
 def _dump_stacks(workers: List[_Worker], log_dir: str, why: str) -> None:
-    """Every live rank appends all its threads' Python stacks to its log (heartbeat.dump_stacks_on_signal)."""
+    """Every live rank appends all its threads' Python stacks to its log (rank/heartbeat_writer.py
+    `dump_stacks_on_signal`)."""
     for w in workers:
         if w.proc.poll() is None:
             with open(rank_log_path(log_dir, w.rank), "a", encoding="utf-8") as log:
@@ -331,7 +331,7 @@ def report_failure(failure: Failure, stopped_in_s: float, log_dir: str) -> None:
         print(f"  rank {failure.rank} | {line}", file=sys.stderr, flush=True)
 
 
-def supervise(plan: Plan, forwarder: preemption.Forwarder) -> int:
+def supervise(plan: Plan, forwarder: Forwarder) -> int:
     """Run attempts until one succeeds, the restart budget is spent or the job is preempted; the exit status."""
     os.makedirs(plan.log_dir, exist_ok=True)
     if plan.node_rank == 0 and plan.master_port and rendezvous.port_in_use(plan.master_addr, plan.master_port):
@@ -375,7 +375,7 @@ def _raise_stop(signum, _frame=None):
     raise _Stop(signum)
 
 
-def run(plan: Plan, supervisor: Callable[[Plan, preemption.Forwarder], int] = supervise) -> int:
+def run(plan: Plan, supervisor: Callable[[Plan, Forwarder], int] = supervise) -> int:
     """Supervise the job `plan` describes until it ends (with `supervisor`: elastic.supervise for --nnodes MIN:MAX);
     the preemption signal is passed on to the ranks, a second one, Ctrl-C (or SIGTERM when it is not the
     preemption signal) stop every process it started."""
@@ -387,7 +387,7 @@ def run(plan: Plan, supervisor: Callable[[Plan, preemption.Forwarder], int] = su
     os.environ.update(rendezvous.topo_timeout_env(plan.stall.stall_startup_timeout))
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
-    forwarder = preemption.Forwarder(plan.preempt_signal, _raise_stop)
+    forwarder = Forwarder(plan.preempt_signal, _raise_stop)
     forwarder.install()
     try:
         return supervisor(plan, forwarder)

@@ -1,4 +1,4 @@
-"""msdist.cluster.failures: the crash line names the rank and skips MindSpore's rulers."""
+"""msdist.launcher.failures: the crash line names the rank and skips MindSpore's rulers."""
 from msdist.base import launch_env
 from msdist.cluster import rendezvous
 from launch_envs import MPI

@@ -1,10 +1,10 @@
 """The launcher's pieces in this process: option routing, the traceback tail of an attempt, the first cause
-(launch.py, cluster/supervisor.py, cluster/failures.py)."""
+(launch.py, launcher/supervisor.py, launcher/failures.py)."""
 import pytest
 
 from msdist import launch
 from msdist.base.errors import ConfigError
-from msdist.cluster import elastic, failures
+from msdist.launcher import elastic, failures
 from conftest import REAL_DATA as DATA_DIR
 
 

@@ -1,4 +1,4 @@
-"""Would MindSpore 2.10 load its GPU plugin? msdist/cluster/gpu_plugin.py applies MindSpore's loader rules
+"""Would MindSpore 2.10 load its GPU plugin? msdist/rank/gpu_plugin.py applies MindSpore's loader rules
 (device_context_manager.cc `LoadPlugin`, `SelectGpuPlugin`, `TestLoadDynamicLib`) to fake host roots built under
 tmp_path, with the installed wheel's real plugin files (their ELF headers name what they need)."""
 import os
@@ -7,7 +7,7 @@ import stat
 import pytest
 
 from conftest import REAL_DATA, REPO, base_env, cuda_libraries, fake_gpu_node
-from msdist.cluster import device, gpu_plugin
+from msdist.rank import device, gpu_plugin
 
 WHEEL_PLUGINS = device.wheel_plugin_dir()
 PLUGINS = sorted(n for n in os.listdir(WHEEL_PLUGINS) if n.startswith("libmindspore_gpu.so."))

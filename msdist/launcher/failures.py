@@ -1,7 +1,7 @@
 """How a failed attempt of msdist.launch is described: which process failed, how, where it was, and the end
 of its traceback; which of several failures came first; the scheduler's account of a rank timed out elsewhere.
 
-The supervisor (msdist.cluster.supervisor) finds the failures; this module turns them into the one line
+The supervisor (msdist.launcher.supervisor) finds the failures; this module turns them into the one line
 and the traceback tail the user reads, and the record `logs/failure.json` keeps.
 """
 import os
@@ -34,7 +34,7 @@ class Failure:
     silent_since: float = 0.0        # a stalled rank's last sign of life (heartbeat or spawn), time.time()
     user_error: bool = False         # `msdist: error: ...`: bad option, config or data
     requeue: bool = False            # not a failure: every rank saved on a preemption and exited for a requeue
-    reform: bool = False             # not a failure: an elastic job's membership changes (msdist.cluster.elastic)
+    reform: bool = False             # not a failure: an elastic job's membership changes (msdist.launcher.elastic)
     seen_at: float = field(default_factory=time.monotonic)   # when the launcher noticed
     stall: Optional[heartbeat.Stall] = None   # a job that stopped making progress: its own account
 

@@ -12,7 +12,7 @@ gone), except one whose last word was "done" or "preempted": its ranks ended as 
 last word was "failed" is gone at once; one still "waiting" `MEMBER_TIMEOUT_S` after the view that holds it
 was adopted here is a new launcher on that node (the old one and its ranks are gone). Non-members that
 ask are the waiting nodes, in the order they first asked. Who decides what from these facts is
-msdist.cluster.membership (pure) and msdist.cluster.elastic (the restarts). MindSpore-free.
+msdist.launcher.membership (pure) and msdist.launcher.elastic (the restarts). MindSpore-free.
 """
 import json
 import socket
@@ -22,7 +22,7 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from msdist.base.errors import ConfigError
-from msdist.cluster.membership import View
+from msdist.launcher.membership import View
 
 MEMBER_TIMEOUT_S = 10.0    # no answer this long: the node is lost. Polls are 0.5 s apart, so 20 missed in a row
 POLL_S = 0.5

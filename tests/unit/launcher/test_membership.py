@@ -1,15 +1,15 @@
-"""The elastic membership decision (msdist.cluster.membership), table-driven, and the launchers' service
-(msdist.cluster.peers) talking for real over loopback."""
+"""The elastic membership decision (msdist.launcher.membership), table-driven, and the launchers' service
+(msdist.launcher.peers) talking for real over loopback."""
 import time
 
 import pytest
 
 from msdist.base.errors import ConfigError
-from msdist.cluster import peers as peers_mod
-from msdist.cluster.membership import (Change, NodeRange, TooFewNodes, View, decide, describe, first_order, leader,
-                                       parse_nnodes, record)
-from msdist.cluster.peers import Peers
 from msdist.cluster.rendezvous import free_port
+from msdist.launcher import peers as peers_mod
+from msdist.launcher.membership import (Change, NodeRange, TooFewNodes, View, decide, describe, first_order, leader,
+                                       parse_nnodes, record)
+from msdist.launcher.peers import Peers
 
 A, B, C, D = "10.0.0.1:7", "10.0.0.2:7", "10.0.0.3:7", "10.0.0.4:7"
 

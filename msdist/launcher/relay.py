@@ -1,4 +1,4 @@
-"""`python -m msdist.cluster.relay [--preempt_signal NAME] -- COMMAND ...`: pass a preemption on to the ranks below.
+"""`python -m msdist.launcher.relay [--preempt_signal NAME] -- COMMAND ...`: pass a preemption on to the ranks below.
 
 Some processes that receive a pod's or a job's stop signal do not pass it on to the ranks they (indirectly)
 started: an MPIJob worker pod's PID 1 is sshd, whose SIGTERM never reaches the ranks that mpirun started
@@ -114,13 +114,13 @@ class _Relay:
 
 
 def _parse(argv: Optional[List[str]]):
-    parser = ArgumentParser(prog="msdist.cluster.relay", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="msdist.launcher.relay", description=__doc__.splitlines()[0])
     parser.add_argument("--preempt_signal", default="SIGTERM", help="the signal the ranks save on [SIGTERM]")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ... (sshd, msrun)")
     ns = parser.parse_args(argv)
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
     if not command:
-        raise ConfigError("msdist.cluster.relay needs a command after --, e.g. -- /usr/sbin/sshd -De")
+        raise ConfigError("msdist.launcher.relay needs a command after --, e.g. -- /usr/sbin/sshd -De")
     return preemption.parse_signal(ns.preempt_signal), command
 
 
