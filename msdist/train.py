@@ -17,6 +17,7 @@ from msdist.base.cli import cli_main  # noqa: E402 pylint: disable=wrong-import-
 from msdist.base.errors import ConfigError  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.base.files import rank_log_path  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.cluster import heartbeat, runtime, stall, watchdog  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.cluster.phases import Phase  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.run import build, config, startup  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.run.result import write_result  # noqa: E402 pylint: disable=wrong-import-position
 
@@ -76,11 +77,11 @@ def train(started: startup.Started) -> int:
     data = build.load_data(cfg, dist, collectives, started.rt, started.batch_slots)
     if dist.is_main:
         config.save(cfg, os.path.join(cfg.output_dir, "config.yaml"))
-    beat.enter("compile")
+    beat.enter(Phase.COMPILE)
     model = build.build_model(cfg, dist, data, started.rt)
-    beat.enter("start-up")  # resume, and the first collectives wait for the ranks still compiling
+    beat.enter(Phase.START_UP)  # resume, and the first collectives wait for the ranks still compiling
     outcome = Trainer(cfg, dist, collectives, data, model, beat, launch.kind, listener).fit()
-    beat.enter("finish")
+    beat.enter(Phase.FINISH)
     if dist.is_main and not outcome.preempted:
         _write_result(cfg, _result(cfg, dist, data, model, outcome), outcome.newest)
     distributed.finish(launch, dist, collectives)

@@ -5,9 +5,8 @@ The file is small JSON:
 
 * `time`, `pid`, `rank`, `host`: who wrote it, when (the writer's clock);
 * `epoch` (1-based), `step` (within the epoch), `global_step`: the last optimizer step completed;
-* `phase` and `phase_s`: what the main thread is doing (start-up, compile, data wait, train step, stop check
-  (the preemption agreement after a step), evaluation, checkpoint save, epoch end (the epoch's loss summed),
-  finish) and for how long, as of `time`;
+* `phase` and `phase_s`: what the main thread is doing (a `phases.Phase` name: start-up, compile, data wait,
+  train step, stop check, evaluation, checkpoint save, epoch end, finish) and for how long, as of `time`;
 * `limit_s`: how long this rank may stay in this phase before it counts as stuck (null: watching is off);
 * `in_collective`: the main thread is inside a host-side collective (`Collectives.gather`: BatchNorm
   statistics before a save or an evaluation, evaluation counts, the epoch's loss, the stop check), waiting for
@@ -42,6 +41,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from msdist.base.files import atomic_write_text
+from msdist.cluster.phases import Phase
 from msdist.cluster.stall import StallPolicy
 
 DEFAULT_INTERVAL_S = 2.0
@@ -101,8 +101,8 @@ class Heartbeat:
         # Written by the loop, read by the thread. Each is replaced whole (one reference assignment), so
         # the thread never sees half an update and the loop never waits for a lock.
         self._position = (0, 0, 0)                          # epoch (1-based), step in epoch, global step
-        self._phase = ("start-up", time.time(), 0.0, 0)     # name, began (time.time), eval batches, save bytes
-        self._measured: Dict[str, float] = {}               # phase -> its longest duration so far
+        self._phase = (Phase.START_UP, time.time(), 0.0, 0)  # name, began (time.time), eval batches, save bytes
+        self._measured: Dict[Phase, float] = {}              # phase -> its longest duration so far
         self._step_gaps: collections.deque = collections.deque(maxlen=_STEP_WINDOW)
         self._last_step_at: Optional[float] = None
         self._lock = threading.Lock()  # the writes of start() and the thread go through one tmp file
@@ -114,8 +114,8 @@ class Heartbeat:
         self._thread.start()
         return self
 
-    def enter(self, phase: str, *, batches: int = 0, nbytes: int = 0) -> None:
-        """The main thread begins `phase` (see the module docstring for the names).
+    def enter(self, phase: Phase, *, batches: int = 0, nbytes: int = 0) -> None:
+        """The main thread begins `phase`.
 
         Args:
             batches: evaluation: the batches this rank will run (its allowance scales with them).
@@ -151,11 +151,11 @@ class Heartbeat:
         now = time.time()
         (epoch, step, global_step), (phase, began, batches, nbytes) = self._position, self._phase
         median = self.median_step_s()
-        expected = batches * (median or 0.0) + (self._measured.get("compile", 0.0) if batches else 0.0) + \
+        expected = batches * (median or 0.0) + (self._measured.get(Phase.COMPILE, 0.0) if batches else 0.0) + \
             nbytes / SLOW_DISK_BYTES_PER_S
         limit = self.policy.limit(phase, median_step_s=median, warm=len(self._step_gaps) >= WARMUP_STEPS - 1,
                                   expected_s=expected, measured_s=self._measured.get(phase, 0.0),
-                                  compile_s=self._measured.get("compile", 0.0))
+                                  compile_s=self._measured.get(Phase.COMPILE, 0.0))
         return {"time": now, "pid": os.getpid(), "rank": self.rank, "host": self._host, "epoch": epoch, "step": step,
                 "global_step": global_step, "phase": phase, "phase_s": round(now - began, 3),
                 "in_collective": _in_collective(sys._current_frames().get(self._loop_thread)),  # noqa: SLF001
@@ -252,7 +252,7 @@ _HELD = {"t": "its main thread is stopped by a debugger", "T": "its main thread 
 def _began_next_step(beat: dict) -> bool:
     """Past every phase between step `global_step` and the next (data wait, saves, stop check, evaluation,
     epoch end): in the next step's own."""
-    return beat.get("phase") == "train step"
+    return beat.get("phase") == Phase.TRAIN_STEP
 
 
 def _waiting(beat: dict) -> bool:
