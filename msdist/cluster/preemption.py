@@ -35,6 +35,7 @@ _logger = logging.getLogger(__name__)
 # Not 1 (a crash) nor 2 (a UserError), and not 128+n for any Linux signal n (1..64, so at most 192); at
 # least 128, which the Kubeflow training operators' `restartPolicy: ExitCode` retry (1-127 are permanent).
 REQUEUE_EXIT = 200
+DEFAULT_SIGNAL = "SIGTERM"  # --preempt_signal's default, for msdist.train/launch and the relay: what Kubernetes sends
 REPEAT_S = 2.0            # a second signal sooner than this is the first one arriving by another path
 CHECK_EVERY_S = 1.0       # training time between two agreement checks
 _MAX_CHECK_STEPS = 10000

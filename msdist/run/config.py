@@ -165,7 +165,7 @@ TRAIN_OPTIONS = [
     _opt("output_dir", str, "output", "where checkpoints, logs, config.yaml and result.json go", hashed=False),
     _opt("ckpt_prefix", str, "", "checkpoint file prefix; empty = the model name", hashed=False),
     _opt("save_every_epochs", int, 1, "save a checkpoint every N epochs (and always at the end)", min=1, hashed=False),
-    _opt("preempt_signal", str, "SIGTERM", "the signal that asks the job to save a checkpoint at the next step every "
+    _opt("preempt_signal", str, preemption.DEFAULT_SIGNAL, "the signal that asks the job to save a checkpoint at the next step every "
          "rank reaches and exit with status 200 (requeue), e.g. SIGUSR2 for Slurm's --signal=B:USR2@120; a second "
          "one stops at once; SIGUSR1 (stack dumps) and SIGINT (stop now) are refused (docs/cluster.md)",
          hashed=False, check=preemption.check_signal),
