@@ -20,6 +20,7 @@ import yaml
 from msdist.base import launch_env
 from msdist.base.args import ArgumentParser, boolean
 from msdist.base.errors import ConfigError, first_line
+from msdist.base.files import atomic_write_text
 from msdist.cluster import preemption, stall
 from msdist.cluster.runtime import CPU_ISA_CHOICES
 from msdist.engine import precision
@@ -341,5 +342,5 @@ def config_hash(cfg: argparse.Namespace, options: Sequence[Option] = TRAIN_OPTIO
 def save(cfg: argparse.Namespace, path: str) -> None:
     """Write the resolved config as YAML that `--config` accepts back."""
     values = {k: v for k, v in vars(cfg).items() if k != "config"}
-    with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(values, f, sort_keys=False)
+    # Through a rename: a crash mid-write must not leave a half config that `--config` refuses on resume.
+    atomic_write_text(path, yaml.safe_dump(values, sort_keys=False))

@@ -54,3 +54,14 @@ def test_resolved_config_round_trips(tmp_path):
     again = config.parse(["--config", str(path)])
     assert vars(again) == {**vars(cfg), "config": str(path)}
     assert config.config_hash(again) == config.config_hash(cfg)
+
+
+def test_config_yaml_is_replaced_whole_never_rewritten_in_place(tmp_path):
+    """A reader (or a run killed mid-write) sees the old config.yaml or the new one, never a truncated one."""
+    path = tmp_path / "config.yaml"
+    path.write_text("seed: 1\n")
+    with open(path, encoding="utf-8") as reader:  # opened before the save: still the old file after it
+        config.save(config.parse(["--config", TINY_CONFIG, "--seed", "7"]), str(path))
+        assert reader.read() == "seed: 1\n"
+    assert config.parse(["--config", str(path)]).seed == 7
+    assert os.listdir(tmp_path) == ["config.yaml"]  # no temporary file left beside it
