@@ -65,3 +65,49 @@ def test_config_yaml_is_replaced_whole_never_rewritten_in_place(tmp_path):
         assert reader.read() == "seed: 1\n"
     assert config.parse(["--config", str(path)]).seed == 7
     assert os.listdir(tmp_path) == ["config.yaml"]  # no temporary file left beside it
+
+
+def test_old_option_names_work_in_yaml_with_the_command_line_notice(tmp_path, capsys):
+    """A YAML file with a renamed key (stall.RENAMED) is read as with the current name, and says so in the same
+    one line as on the command line, naming the file; once per file, though msdist.launch reads it twice."""
+    from msdist import launch
+    old = tmp_path / "old.yaml"
+    old.write_text("startup_timeout: 90\nheartbeat_timeout: 15\n")
+    current = tmp_path / "current.yaml"
+    current.write_text("stall_startup_timeout: 90\nstall_silence_timeout: 15\n")
+    capsys.readouterr()
+    cfg = config.parse(["--config", str(old)])
+    assert vars(cfg) == {**vars(config.parse(["--config", str(current)])), "config": str(old)}
+    assert capsys.readouterr().err.splitlines() == [
+        f"msdist: {old}: --startup_timeout is now --stall_startup_timeout (docs/launch.md#stall-options)",
+        f"msdist: {old}: --heartbeat_timeout is now --stall_silence_timeout (docs/launch.md#stall-options)"]
+    relaunched = tmp_path / "relaunched.yaml"
+    relaunched.write_text("startup_timeout: 90\n")
+    plan = launch.parse_args(["-n", "2", "--config", str(relaunched)])
+    config.parse(plan.train_args)  # msdist.launch's path checks read the file again: no second notice
+    assert plan.stall.stall_startup_timeout == 90
+    assert capsys.readouterr().err.splitlines() == [
+        f"msdist: {relaunched}: --startup_timeout is now --stall_startup_timeout (docs/launch.md#stall-options)"]
+    both = tmp_path / "both.yaml"
+    both.write_text("startup_timeout: 90\nstall_startup_timeout: 60\n")
+    with pytest.raises(ConfigError, match="sets both startup_timeout and stall_startup_timeout; keep stall_startup_timeout"):
+        config.parse(["--config", str(both)])
+
+
+def test_only_rank_0_and_not_the_ranks_of_msdist_launch_give_the_renamed_notice(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "old.yaml"
+    path.write_text("startup_timeout: 90\n")
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    assert config.parse(["--config", str(path), "--heartbeat_timeout", "15"]).stall_startup_timeout == 90
+    assert capsys.readouterr().err == ""
+    for name in ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
+    monkeypatch.setenv("MS_NODE_ID", "0")
+    monkeypatch.setenv("MS_WORKER_NUM", "2")
+    monkeypatch.setenv("MSDIST_LOCAL_RANK", "0")  # started by msdist.launch, which said it already
+    other = tmp_path / "other.yaml"  # not `path`: the notice is said once per file
+    other.write_text("startup_timeout: 90\n")
+    assert config.parse(["--config", str(other)]).stall_startup_timeout == 90
+    assert capsys.readouterr().err == ""
