@@ -17,6 +17,7 @@ from msdist.base.cli import cli_main  # noqa: E402 pylint: disable=wrong-import-
 from msdist.base.errors import ConfigError  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.base.files import rank_log_path  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.cluster import preemption, stall  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.cluster.phases import Phase  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.rank import heartbeat_writer, runtime, watchdog  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.run import build, config, flops, startup  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.run.result import write_result  # noqa: E402 pylint: disable=wrong-import-position
@@ -77,13 +78,13 @@ def train(started: startup.Started) -> int:
     data = build.load_data(cfg, dist, collectives, started.rt, started.batch_slots)
     if dist.is_main:
         config.save(cfg, os.path.join(cfg.output_dir, "config.yaml"))
-    beat.enter("compile")
+    beat.enter(Phase.COMPILE)
     model = build.build_model(cfg, dist, data, started.rt)
     rate = flops.rate_of(model.net, cfg.image_size, dist, cfg.amp_level, started.rt.threads_per_rank)
     initial_weights = distributed.params_checksum(model.net)  # before any resume: result.json's pairing
-    beat.enter("start-up")  # resume, and the first collectives wait for the ranks still compiling
+    beat.enter(Phase.START_UP)  # resume, and the first collectives wait for the ranks still compiling
     outcome = Trainer(cfg, dist, collectives, data, model, beat, launch.kind, listener, rate).fit()
-    beat.enter("finish")
+    beat.enter(Phase.FINISH)
     if dist.is_main and not outcome.preempted:
         result = {**_result(cfg, dist, data, model, outcome, initial_weights),
                   **rate.fields(outcome.meter.images_per_sec())}

@@ -5,9 +5,8 @@ The file is small JSON:
 
 * `time`, `pid`, `rank`, `host`: who wrote it, when (the writer's clock);
 * `epoch` (1-based), `step` (within the epoch), `global_step`: the last optimizer step completed;
-* `phase` and `phase_s`: what the main thread is doing (start-up, compile, data wait, train step, stop check
-  (the preemption agreement after a step), evaluation, checkpoint save, epoch end (the epoch's loss summed),
-  finish) and for how long, as of `time`;
+* `phase` and `phase_s`: what the main thread is doing (a `phases.Phase` name: start-up, compile, data wait,
+  train step, stop check, evaluation, checkpoint save, epoch end, finish) and for how long, as of `time`;
 * `limit_s`: how long this rank may stay in this phase before it counts as stuck (null: watching is off);
 * `in_collective`: the main thread is inside a host-side collective (`Collectives.gather`: BatchNorm
   statistics before a save or an evaluation, evaluation counts, the epoch's loss, the stop check), waiting for
@@ -37,6 +36,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from msdist.base.files import atomic_write_text
+from msdist.cluster.phases import Phase
 from msdist.cluster.stall import StallPolicy
 
 DEFAULT_INTERVAL_S = 2.0     # between two beats of a rank
@@ -136,7 +136,7 @@ _HELD = {"t": "its main thread is stopped by a debugger", "T": "its main thread 
 def _began_next_step(beat: dict) -> bool:
     """Past every phase between step `global_step` and the next (data wait, saves, stop check, evaluation,
     epoch end): in the next step's own."""
-    return beat.get("phase") == "train step"
+    return beat.get("phase") == Phase.TRAIN_STEP
 
 
 def _waiting(beat: dict) -> bool:

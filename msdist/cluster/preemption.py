@@ -18,6 +18,7 @@ from msdist.base.errors import ConfigError
 # Not 1 (a crash) nor 2 (a UserError), and not 128+n for any Linux signal n (1..64, so at most 192); at
 # least 128, which the Kubeflow training operators' `restartPolicy: ExitCode` retry (1-127 are permanent).
 REQUEUE_EXIT = 200
+DEFAULT_SIGNAL = "SIGTERM"  # --preempt_signal's default, for msdist.train/launch and the relay: what Kubernetes sends
 REPEAT_S = 2.0            # a second signal sooner than this is the first one arriving by another path
 # Signals a scheduler may send ahead of a kill. Faults (SIGSEGV...) and job control are not, and must
 # never be blocked.

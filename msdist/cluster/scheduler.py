@@ -51,7 +51,8 @@ def _run_scheduler() -> None:
     from mindspore.communication import init
 
     # The scheduler only routes metadata between workers; it never touches a device.
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_device("CPU")  # not set_context(device_target=...): deprecated, and it warns
+    ms.set_context(mode=ms.GRAPH_MODE)
     try:
         init()
     except RuntimeError as e:  # e.g. "The total number of timed out node is 1 ... worker 1 is the first one"

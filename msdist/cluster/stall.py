@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Tuple
 
 from msdist.base.errors import ConfigError
+from msdist.cluster.phases import Phase
 
 AUTO_FLOOR_S = 300.0         # --stall_timeout auto: at least this...
 AUTO_STEP_MULTIPLE = 10.0    # ...and at least this many median steps
@@ -27,7 +28,7 @@ AUTO_STEP_MULTIPLE = 10.0    # ...and at least this many median steps
 UNMEASURED_MULTIPLE = 6.0
 UNMEASURED_FLOOR_S = 600.0
 # The train loop's own phases: a rank's first steps (and its first stop check) wait for the ranks still compiling.
-LOOP_PHASES = ("data wait", "train step", "stop check", "epoch end")
+LOOP_PHASES = (Phase.DATA_WAIT, Phase.TRAIN_STEP, Phase.STOP_CHECK, Phase.EPOCH_END)
 EXPECTED_MULTIPLE = 3.0      # evaluation, saving, the first steps: the timeout plus 3x what they should take
 
 
@@ -113,7 +114,7 @@ class StallPolicy:
             return self.stall_timeout
         return max(AUTO_FLOOR_S, AUTO_STEP_MULTIPLE * (median_step_s or 0.0))
 
-    def limit(self, phase: str, *, median_step_s: Optional[float], warm: bool, expected_s: float,
+    def limit(self, phase: Phase, *, median_step_s: Optional[float], warm: bool, expected_s: float,
               measured_s: float, compile_s: float) -> Optional[float]:
         """Seconds this rank may stay in `phase`; None when the progress watch is off.
 
@@ -128,11 +129,11 @@ class StallPolicy:
         if not self.watches_progress:
             return None
         base = self.base(median_step_s)
-        if phase in ("start-up", "compile"):
+        if phase in (Phase.START_UP, Phase.COMPILE):
             return max(base * UNMEASURED_MULTIPLE, UNMEASURED_FLOOR_S)
         if phase in LOOP_PHASES and not warm:
             return base + EXPECTED_MULTIPLE * compile_s
-        if phase in ("evaluation", "checkpoint save"):
+        if phase in (Phase.EVALUATION, Phase.CHECKPOINT_SAVE):
             return base + EXPECTED_MULTIPLE * max(expected_s, measured_s)
         return base
 

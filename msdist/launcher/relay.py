@@ -115,7 +115,8 @@ class _Relay:
 
 def _parse(argv: Optional[List[str]]):
     parser = ArgumentParser(prog="msdist.launcher.relay", description=__doc__.splitlines()[0])
-    parser.add_argument("--preempt_signal", default="SIGTERM", help="the signal the ranks save on [SIGTERM]")
+    parser.add_argument("--preempt_signal", default=preemption.DEFAULT_SIGNAL,
+                        help=f"the signal the ranks save on [{preemption.DEFAULT_SIGNAL}]")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ... (sshd, msrun)")
     ns = parser.parse_args(argv)
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command

@@ -18,6 +18,7 @@ from typing import Dict, Optional
 
 from msdist.base.files import atomic_write_text
 from msdist.cluster.heartbeat import DEFAULT_INTERVAL_S, STACK_DUMP_SIGNAL, WARMUP_STEPS, path_for, state_letter
+from msdist.cluster.phases import Phase
 from msdist.cluster.stall import StallPolicy
 
 SLOW_DISK_BYTES_PER_S = 10e6  # a checkpoint save is expected to take its size at this rate
@@ -56,8 +57,8 @@ class Heartbeat:
         # Written by the loop, read by the thread. Each is replaced whole (one reference assignment), so
         # the thread never sees half an update and the loop never waits for a lock.
         self._position = (0, 0, 0)                          # epoch (1-based), step in epoch, global step
-        self._phase = ("start-up", time.time(), 0.0, 0)     # name, began (time.time), eval batches, save bytes
-        self._measured: Dict[str, float] = {}               # phase -> its longest duration so far
+        self._phase = (Phase.START_UP, time.time(), 0.0, 0)  # name, began (time.time), eval batches, save bytes
+        self._measured: Dict[Phase, float] = {}              # phase -> its longest duration so far
         self._step_gaps: collections.deque = collections.deque(maxlen=_STEP_WINDOW)
         self._last_step_at: Optional[float] = None
         self._lock = threading.Lock()  # the writes of start() and the thread go through one tmp file
@@ -69,7 +70,7 @@ class Heartbeat:
         self._thread.start()
         return self
 
-    def enter(self, phase: str, *, batches: int = 0, nbytes: int = 0) -> None:
+    def enter(self, phase: Phase, *, batches: int = 0, nbytes: int = 0) -> None:
         """The main thread begins `phase` (see the module docstring for the names).
 
         Args:
@@ -106,11 +107,11 @@ class Heartbeat:
         now = time.time()
         (epoch, step, global_step), (phase, began, batches, nbytes) = self._position, self._phase
         median = self.median_step_s()
-        expected = batches * (median or 0.0) + (self._measured.get("compile", 0.0) if batches else 0.0) + \
+        expected = batches * (median or 0.0) + (self._measured.get(Phase.COMPILE, 0.0) if batches else 0.0) + \
             nbytes / SLOW_DISK_BYTES_PER_S
         limit = self.policy.limit(phase, median_step_s=median, warm=len(self._step_gaps) >= WARMUP_STEPS - 1,
                                   expected_s=expected, measured_s=self._measured.get(phase, 0.0),
-                                  compile_s=self._measured.get("compile", 0.0))
+                                  compile_s=self._measured.get(Phase.COMPILE, 0.0))
         return {"time": now, "pid": os.getpid(), "rank": self.rank, "host": self._host, "epoch": epoch, "step": step,
                 "global_step": global_step, "phase": phase, "phase_s": round(now - began, 3),
                 "in_collective": _in_collective(sys._current_frames().get(self._loop_thread)),  # noqa: SLF001

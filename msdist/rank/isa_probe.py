@@ -135,7 +135,8 @@ def _time_one_step() -> float:
         def construct(self, out, target):
             return ((out - target) ** 2).mean()
 
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_device("CPU")  # not set_context(device_target=...): deprecated, and it warns
+    ms.set_context(mode=ms.GRAPH_MODE)
     net = nn.SequentialCell([nn.Conv2d(3, 16, 7, stride=2), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2),
                              nn.ReLU(), nn.Conv2d(32, 32, 3)])
     step = nn.TrainOneStepCell(nn.WithLossCell(net, MeanSquare()), nn.SGD(net.trainable_params(), 0.01))

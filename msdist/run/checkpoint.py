@@ -10,8 +10,9 @@ File layout in `{output_dir}/ckpt/`:
     {prefix}_rank{r}-{epoch}_{step}.ckpt.json  sidecar: sha256 of the .ckpt plus a copy of the state,
                                                so listing and ordering never open (or parse names of)
                                                the big files
-    {prefix}_rank{r}_best.ckpt (+ .json)       the model at its best evaluation so far; the sidecar adds
-                                               `accuracy`. Never pruned. Taken at the position of the
+    {prefix}_rank{r}_best.ckpt (+ .json)       the model at its best evaluation so far (which one is
+                                               best_checkpoint.py's rule); the sidecar adds `accuracy`.
+                                               Never pruned. Taken at the position of the
                                                save just made, it is that checkpoint (a hard link; the
                                                training state in it is ignored by evaluation)
     {prefix}_rank{r}_ema.ckpt (+ .json)        with --ema_decay: the newest EMA weights under the model's
@@ -139,38 +140,6 @@ def save_as(params: List[dict], path: str, state: Dict, meta: Optional[Dict] = N
     _write_pair(params, path, append, {**sidecar, **extra})
 
 
-def read_best(directory: str, prefix: str, rank: int) -> Optional[dict]:
-    """The sidecar of this rank's best checkpoint (epoch, accuracy, ...) when it exists and verifies."""
-    path = best_path(directory, prefix, rank)
-    meta = _read_training_sidecar(path)
-    if meta is None or "accuracy" not in meta or verify(path) is not None:
-        return None
-    return meta
-
-
-def keep_best(params: List[dict], directory: str, prefix: str, rank: int, state: Dict, accuracy: float,
-              meta: Optional[Dict] = None, saved: Optional[str] = None) -> bool:
-    """Make `params` this rank's best checkpoint when `accuracy` beats the best so far (ties keep the earlier).
-
-    Written like every checkpoint (tmp, fsync, rename, then the sidecar with its sha256); the sidecar
-    also holds `accuracy`. Every rank sees the same summed accuracy, so all ranks decide alike.
-
-    Args:
-        saved: a checkpoint that already holds exactly `params` (and training state): the best becomes
-            a hard link to it instead of a second copy of the model.
-
-    Returns:
-        Whether a new best was written.
-    """
-    best = read_best(directory, prefix, rank)
-    if best is not None and accuracy <= best["accuracy"]:
-        return False
-    path = best_path(directory, prefix, rank)
-    if saved is None or not link(saved, path, accuracy=accuracy):
-        save_as(params, path, state, meta, accuracy=accuracy)
-    return True
-
-
 def link(source: str, path: str, **extra) -> bool:
     """Make `path` a hard link to the checkpoint `source`, with its own sidecar (source's plus `extra`).
 
@@ -202,7 +171,7 @@ def read_sidecar(path: str) -> Optional[dict]:
         return None
 
 
-def _read_training_sidecar(path: str) -> Optional[dict]:
+def read_training_sidecar(path: str) -> Optional[dict]:
     """The sidecar of a training checkpoint: the sha256 and the training state."""
     data = read_sidecar(path)
     return data if data is not None and all(k in data for k in STATE_KEYS) else None
@@ -212,7 +181,7 @@ def list_checkpoints(directory: str, prefix: str, rank: int) -> List[CheckpointI
     """This rank's checkpoints that have a sidecar, newest (highest global step) first. Not verified."""
     found = []
     for path in glob.glob(os.path.join(glob.escape(directory), f"{glob.escape(prefix)}_rank{rank}-*.ckpt")):
-        meta = _read_training_sidecar(path)
+        meta = read_training_sidecar(path)
         if meta is None:
             _logger.warning("checkpoint %s has no valid sidecar %s.json (interrupted save?); ignoring it", path, path)
             continue

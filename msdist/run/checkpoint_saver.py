@@ -4,6 +4,7 @@ import os
 from typing import Dict, List, Optional, Sequence
 
 from msdist.run import checkpoint
+from msdist.run.best_checkpoint import Best
 from msdist.run.checkpoint import CheckpointInfo
 from msdist.run.checkpoint_model import is_training_state, training_state_prefixes
 from msdist.run.position import Position
@@ -42,6 +43,7 @@ class Saver:
         self.collectives = collectives
         self.meta = meta
         self.newest: Optional[CheckpointInfo] = None
+        self.best = Best(directory, prefix, rank)
 
     def state(self, at: Position) -> Dict:
         """What every checkpoint of this run records of position `at` (and the config hash)."""
@@ -66,13 +68,11 @@ class Saver:
         evaluated at the position of this Saver's newest save is that file, and the best becomes a link to it.
         """
         saved = self.newest.path if self.newest is not None and self.newest.position == at else None
-        better = checkpoint.keep_best([{"name": p.name, "data": p} for p in self.net.get_parameters()],
-                                      self.directory, self.prefix, self.rank, self.state(at), accuracy, self.meta,
-                                      saved=saved)
-        best = checkpoint.best_path(self.directory, self.prefix, self.rank)
-        self._share_with_rank0(best if better else None)
+        better = self.best.offer([{"name": p.name, "data": p} for p in self.net.get_parameters()], self.state(at),
+                                 accuracy, self.meta, saved=saved)
+        self._share_with_rank0(self.best.path if better else None)
         if better:
-            _logger.info("best accuracy so far (%.4f at epoch %d): saved %s", accuracy, at.epoch, best)
+            _logger.info("best accuracy so far (%.4f at epoch %d): saved %s", accuracy, at.epoch, self.best.path)
         return better
 
     def save_tagged(self, tag: str, params: List[dict], at: Position) -> str:

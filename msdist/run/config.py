@@ -8,6 +8,7 @@ traceback.
 """
 import argparse
 import difflib
+import functools
 import hashlib
 import json
 import os
@@ -20,6 +21,7 @@ import yaml
 from msdist.base import launch_env
 from msdist.base.args import ArgumentParser, boolean
 from msdist.base.errors import ConfigError, first_line
+from msdist.base.files import atomic_write_text
 from msdist.cluster import preemption, stall
 from msdist.engine import precision
 from msdist.rank.runtime import CPU_ISA_CHOICES
@@ -177,7 +179,7 @@ TRAIN_OPTIONS = [
     _opt("output_dir", str, "output", "where checkpoints, logs, config.yaml and result.json go", hashed=False),
     _opt("ckpt_prefix", str, "", "checkpoint file prefix; empty = the model name", hashed=False),
     _opt("save_every_epochs", int, 1, "save a checkpoint every N epochs (and always at the end)", min=1, hashed=False),
-    _opt("preempt_signal", str, "SIGTERM", "the signal that asks the job to save a checkpoint at the next step every "
+    _opt("preempt_signal", str, preemption.DEFAULT_SIGNAL, "the signal that asks the job to save a checkpoint at the next step every "
          "rank reaches and exit with status 200 (requeue), e.g. SIGUSR2 for Slurm's --signal=B:USR2@120; a second "
          "one stops at once; SIGUSR1 (stack dumps) and SIGINT (stop now) are refused (docs/cluster.md)",
          hashed=False, check=preemption.check_signal),
@@ -290,19 +292,51 @@ def _split_unknown(parser: ArgumentParser, argv: Sequence[str], known: Sequence[
     return ns
 
 
+def _tell_renamed(old: str, where: str = "") -> None:
+    """One line on stderr naming the new name of option `old`, so that scripts and YAML files move over.
+
+    Said by the process the user started: rank 0 only (every rank reads the same), and not by the ranks of
+    msdist.launch, which parsed the same command line and file before it started them.
+    """
+    launch = launch_env.detect_launch()
+    if launch.rank == 0 and launch.launcher != "msdist.launch":
+        print(f"msdist: {where}--{old} is now --{stall.RENAMED[old]} (docs/launch.md#stall-options)",
+              file=sys.stderr, flush=True)
+
+
 def renamed_to_current(argv: Sequence[str]) -> List[str]:
-    """`argv` with options that were renamed (`stall.RENAMED`) written under their current names; one line
-    on stderr names each new name, so that scripts move over (from rank 0 only: every rank reads the same)."""
+    """`argv` with options that were renamed (`stall.RENAMED`) written under their current names (with
+    `_tell_renamed`'s notice)."""
     out = []
     for token in argv:
         key, eq, value = token[2:].partition("=") if token.startswith("--") else ("", "", "")
         if key in stall.RENAMED:
-            if launch_env.detect_launch().rank == 0:
-                print(f"msdist: --{key} is now --{stall.RENAMED[key]} (docs/launch.md#stall-options)",
-                      file=sys.stderr, flush=True)
+            _tell_renamed(key)
             token = f"--{stall.RENAMED[key]}{eq}{value}"
         out.append(token)
     return out
+
+
+def _yaml_renamed_to_current(data: dict, path: str) -> dict:
+    """A YAML file's keys, renamed ones (`stall.RENAMED`) under their current names, as on the command line."""
+    out = {}
+    for key, value in data.items():
+        key = str(key)
+        if key in stall.RENAMED:
+            if stall.RENAMED[key] in data:
+                raise ConfigError(f"{path} sets both {key} and {stall.RENAMED[key]}; keep {stall.RENAMED[key]}, "
+                                  f"the current name of {key}")
+            _tell_renamed_in_file(key, path)
+            key = stall.RENAMED[key]
+        out[key] = value
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _tell_renamed_in_file(old: str, path: str) -> None:
+    """`_tell_renamed` once per file and key in a process: msdist.launch reads the file twice (option checks,
+    then path checks)."""
+    _tell_renamed(old, f"{path}: ")
 
 
 def parse(argv: Optional[Sequence[str]] = None, options: Sequence[Option] = TRAIN_OPTIONS,
@@ -321,8 +355,7 @@ def parse(argv: Optional[Sequence[str]] = None, options: Sequence[Option] = TRAI
                          list(by_name) + list(suggest_also))
     values = {o.name: o.default for o in options}
     if cli.config:
-        for key, value in _load_yaml(cli.config).items():
-            key = str(key)
+        for key, value in _yaml_renamed_to_current(_load_yaml(cli.config), cli.config).items():
             if key not in by_name:
                 raise ConfigError(f"unknown key {key!r} in {cli.config}{_did_you_mean(key, list(by_name))}")
             values[key] = _coerce(by_name[key], value, f"{cli.config}: ")
@@ -353,5 +386,5 @@ def config_hash(cfg: argparse.Namespace, options: Sequence[Option] = TRAIN_OPTIO
 def save(cfg: argparse.Namespace, path: str) -> None:
     """Write the resolved config as YAML that `--config` accepts back."""
     values = {k: v for k, v in vars(cfg).items() if k != "config"}
-    with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(values, f, sort_keys=False)
+    # Through a rename: a crash mid-write must not leave a half config that `--config` refuses on resume.
+    atomic_write_text(path, yaml.safe_dump(values, sort_keys=False))

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+from msdist.cluster.phases import Phase
 from msdist.cluster.preemption import REQUEUE_EXIT
 from msdist.data import pipeline, prefetch
 from msdist.engine import bn_stats, loss_scale, optim, reducers
@@ -156,7 +157,7 @@ class Trainer:
     def _save_preempted(self, at: Position, train_start: float, train_seconds: float) -> Outcome:
         """Every rank agreed to stop at `at`: save the training state as it is, unless the schedule just did."""
         if at.global_step != self.saved_at:
-            self.beat.enter("checkpoint save", nbytes=self._state_bytes)
+            self.beat.enter(Phase.CHECKPOINT_SAVE, nbytes=self._state_bytes)
             loss_scale.check_finite(self.model.scaler)  # never write weights a fixed scale has made inf or NaN
             self._write(at)
         self.background.wait()
@@ -178,12 +179,12 @@ class Trainer:
     def _train_epoch(self, at: Position) -> Position:
         """The optimizer steps of the epoch `at` is in (or begins), from where it stands; stop early at max_steps."""
         epoch, skip = at.next_epoch(self.steps_per_epoch), at.skip(self.steps_per_epoch)
-        self.beat.enter("data wait")  # building the epoch's pipeline and its first batch
+        self.beat.enter(Phase.DATA_WAIT)  # building the epoch's pipeline and its first batch
         batches = pipeline.build_train_dataset(self.data.train, self.data.train_input, epoch, skip_steps=skip)
         self.watch.start_epoch(at)
         # The next batch is fetched while this one's step runs (its graph releases the GIL): data/prefetch.py.
         for images, labels in prefetch.one_ahead(batches.create_tuple_iterator(num_epochs=1)):
-            self.beat.enter("train step")
+            self.beat.enter(Phase.TRAIN_STEP)
             data_s = self.watch.meter.data_ready()
             at = self._train_step(images, labels, at)
             self._report(at, data_s)
@@ -195,9 +196,9 @@ class Trainer:
     def _stop_agreed(self, at: Position) -> bool:
         """Whether every rank stops after `at` (preempt_stop.Agreement): a collective at check steps, in a phase of its
         own, so that a rank held there by a stuck one says where it waits (heartbeat's stall line)."""
-        self.beat.enter("stop check")
+        self.beat.enter(Phase.STOP_CHECK)
         agreed = self.stop.stop_at(at.global_step)
-        self.beat.enter("data wait")
+        self.beat.enter(Phase.DATA_WAIT)
         return agreed
 
     def _train_step(self, images, labels, at: Position) -> Position:
@@ -222,7 +223,7 @@ class Trainer:
             step_s = watch.meter.step_done()
         watch.record(watch.progress.step(at, loss, float(self.model.lrs[at.global_step - 1]), step_s, data_s))
         self.beat.step_done(at.epoch, at.step, at.global_step)
-        self.beat.enter("data wait")
+        self.beat.enter(Phase.DATA_WAIT)
 
     def _save_by_steps(self, at: Position) -> None:
         """Every --save_every_steps steps, off schedule: the loop waits for the in-memory copy only."""
@@ -230,11 +231,11 @@ class Trainer:
         if not every or at.global_step % every or at.epoch_complete(self.steps_per_epoch) and (
                 self._due(at, self.cfg.save_every_epochs) or self._due(at, self.cfg.eval_every_epochs)):
             return  # the schedule acts at this epoch's end at once (and its best file links its own save)
-        self.beat.enter("checkpoint save", nbytes=self._state_bytes)
+        self.beat.enter(Phase.CHECKPOINT_SAVE, nbytes=self._state_bytes)
         loss_scale.check_finite(self.model.scaler)
         waited = self.background.save(at)
         _logger.info("save by steps at global step %d: the loop waited %.3f s (copy)", at.global_step, waited)
-        self.beat.enter("data wait")
+        self.beat.enter(Phase.DATA_WAIT)
 
     def _end_epoch(self, at: Position) -> Optional[dict]:
         """After an epoch's steps: save and evaluate when due; the epoch summary. The evaluation, or None."""
@@ -242,7 +243,7 @@ class Trainer:
         # The last epoch's evaluation is the final one, so its epoch summary can show it.
         metrics = self._save_and_evaluate(at, save=complete and self._due(at, self.cfg.save_every_epochs),
                                           evaluate=complete and self._due(at, self.cfg.eval_every_epochs))
-        self.beat.enter("epoch end")   # the epoch's loss summed over ranks: a collective
+        self.beat.enter(Phase.EPOCH_END)   # the epoch's loss summed over ranks: a collective
         loss = float(self.collectives.sum([self.watch.progress.epoch_loss()])[0]) / self.dist.world_size
         self.watch.record(self.watch.progress.end_epoch(loss, metrics))
         return metrics
@@ -261,9 +262,9 @@ class Trainer:
         are gathered and the EMA synced once, and the best checkpoint can be the file just saved (`Saver.keep_best`
         decides by position). The evaluation, or None."""
         if save:
-            self.beat.enter("checkpoint save", nbytes=self._state_bytes)
+            self.beat.enter(Phase.CHECKPOINT_SAVE, nbytes=self._state_bytes)
         elif evaluate:
-            self.beat.enter("evaluation", batches=self._eval_batches)
+            self.beat.enter(Phase.EVALUATION, batches=self._eval_batches)
         else:
             return None
         self.background.wait()  # at most one write in flight, and keep_best may link the newest checkpoint
@@ -289,7 +290,7 @@ class Trainer:
 
     def _evaluate(self, at: Position) -> dict:
         """Evaluate the model (and its EMA) on the whole Test split; keep the best checkpoint. After `_one_model`."""
-        self.beat.enter("evaluation", batches=self._eval_batches)
+        self.beat.enter(Phase.EVALUATION, batches=self._eval_batches)
         metrics = self._evaluate_net()
         self.saver.keep_best(at, metrics["accuracy"])
         if self.model.ema is not None:

@@ -111,9 +111,9 @@ def test_export_onnx_on_cpu(trained_ckpt, data_dir, tmp_path):
 
 
 def test_training_keeps_its_best_checkpoint(standalone_run):
-    from msdist.run import checkpoint
+    from msdist.run.best_checkpoint import Best
     out, _ = standalone_run
-    best = checkpoint.read_best(str(out / "ckpt"), "resnet_tiny", 0)
+    best = Best(str(out / "ckpt"), "resnet_tiny", 0).read()
     result = json.loads((out / "result.json").read_text())
     assert (best["epoch"], best["accuracy"]) == (result["epochs"], result["accuracy"])
     assert best["meta"]["classes"] == CLASSES

@@ -14,6 +14,7 @@ import yaml
 from conftest import REPO, TEST_SIZE, base_env, checkpoints, load_params, mpirun, run_msdist, tiny_args
 from msdist.engine import optim
 from msdist.run import checkpoint
+from msdist.run.best_checkpoint import Best
 
 
 def _assert_class_metrics_consistent(metrics: dict, classes=("apple", "lemon", "mango", "raspberry")) -> None:
@@ -131,7 +132,7 @@ def test_mpirun_checkpoints_are_per_rank_and_identical(mpirun_run):
     assert trained and all(np.array_equal(a[n], b[n]) for n in trained)
     accuracy = json.loads((out / "result.json").read_text())["accuracy"]
     for rank in (0, 1):  # the final evaluation is the only one, so it is each rank's best
-        best = checkpoint.read_best(str(out / "ckpt"), "resnet_tiny", rank)
+        best = Best(str(out / "ckpt"), "resnet_tiny", rank).read()
         assert best is not None and (best["epoch"], best["accuracy"]) == (1, accuracy)
     # The EMA (BatchNorm statistics included, averaged over ranks) is one model on every rank.
     ema0, ema1 = (load_params(checkpoint.tagged_path(str(out / "ckpt"), "resnet_tiny", r, "ema")) for r in (0, 1))

@@ -1,8 +1,11 @@
 """data/plan.py: each global step's shards are the single-card batch, reshuffled every epoch with one
-permutation everywhere, through the real pipeline too."""
+permutation everywhere, through the real pipeline too; evaluation shards cover Test exactly once; a batch that
+does not divide is a clear error."""
 import numpy as np
 import pytest
 
+from conftest import TEST_SIZE
+from msdist.base.errors import DataError
 from msdist.data import pipeline, plan
 
 
@@ -96,3 +99,14 @@ def test_a_rank_owning_several_slots_reads_their_shards_side_by_side(slots, worl
         partners, _ = plan.rank_partners(n, batch, 1, seed, True, slots, owned, 2, 0.4, 0.0)
         original = [plan.rank_partners(n, batch, 1, seed, True, slots, (s,), 2, 0.4, 0.0)[0] for s in owned]
         assert np.array_equal(partners, np.concatenate(original, axis=1))
+
+
+def test_eval_shards_cover_test_exactly_once():
+    for world in (1, 2, 3, 4, 8):
+        shards = [plan.eval_indices(TEST_SIZE, world, r) for r in range(world)]
+        assert sorted(np.concatenate(shards).tolist()) == list(range(TEST_SIZE))
+
+
+def test_indivisible_batch_is_a_clear_error():
+    with pytest.raises(DataError, match="batch_size 15 .* multiple of 2"):
+        plan.per_rank_batch(15, 2)

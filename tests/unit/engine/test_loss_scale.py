@@ -1,7 +1,7 @@
-"""An inf or NaN in the loss or the gradients is caught on every path (#32 item 8, #34 section 3;
-msdist/engine/loss_scale.py): per step where float16 carries the gradients (the loss counted too, since
-it can be non-finite while the gradients are not), at the log steps everywhere else, through real
-compiled train steps on CPU."""
+"""engine/loss_scale.py: an inf or NaN in the loss or the gradients is caught on every path (#32 item 8, #34
+section 3): per step where float16 carries the gradients (the loss counted too, since it can be non-finite while
+the gradients are not), at the log steps everywhere else, through real compiled train steps on CPU. Dynamic loss
+scaling is checked against MindSpore's own nn.DynamicLossScaleUpdateCell step by step."""
 import re
 
 import numpy as np
@@ -131,3 +131,67 @@ def test_a_float32_run_that_diverges_stops_at_its_log_step_with_one_line(data_di
     assert re.match(r"msdist: error: step 2: (the mean training loss since the last log line is (inf|nan) \(not finite\)"
                     r"|the weights hold an inf or NaN)", line), line
     assert not (tmp_path / "ckpt").exists() and not (tmp_path / "result.json").exists()
+
+
+def test_dynamic_update_matches_mindspore_cell():
+    """Same scale after every step as nn.DynamicLossScaleUpdateCell for a run of overflow flags."""
+    import mindspore as ms
+    from mindspore import Parameter, Tensor, nn
+    from msdist.engine.loss_scale import LossScaler
+
+    class Update(nn.Cell):
+        def __init__(self, scaler):
+            super().__init__()
+            self.scaler = scaler
+
+        def construct(self, flag):
+            return self.scaler.update(flag)
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    scaler = LossScaler(precision.LossScalePlan(True, 8.0), world_size=1, scale_window=3)
+    ours = Update(scaler)
+    theirs = nn.DynamicLossScaleUpdateCell(loss_scale_value=8.0, scale_factor=2, scale_window=3)
+    their_scale = Parameter(Tensor(8.0, ms.float32), name="their_scale")
+    flags = [False, False, False, True, True, True, True, False, False, False, False, False, False, False]
+    seen = []
+    for flag in flags:
+        ours(Tensor(flag))
+        theirs(their_scale, Tensor(flag))
+        assert float(scaler.value.asnumpy()) == float(their_scale.asnumpy()), flags[:len(seen) + 1]
+        seen.append(float(scaler.value.asnumpy()))
+    assert min(seen) == 1.0 and max(seen) == 16.0  # halved down to the floor of 1, doubled after 3 clean steps
+
+
+def test_fixed_scale_under_o2_stops_on_a_batch_holding_inf_before_the_weights_change():
+    """A fixed loss scale, amp O2, on CPU: a batch holding an inf (made here, as data) leaves the weights alone
+    in that step and every later one, with no host sync per step; `check_finite`, which the loop calls at
+    log steps and before writing weights, then names the step and the rank in one line."""
+    import mindspore as ms
+    from mindspore import nn
+    from msdist.base.errors import NonFiniteError
+    from msdist.engine import loss_scale, optim, step
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    net = step.mixed_precision(step.build_network("convnet_tiny", 4, False, False, 1), "O2", "float16")
+    optimizer = optim.create_optimizer(net.trainable_params(), np.full(8, 0.05, np.float32), 0.9, 0.0)
+    scaler = loss_scale.LossScaler(precision.LossScalePlan(False, 1024.0), world_size=1, rank=0)
+    train = step.TrainStep(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer, scaler)
+    rng = np.random.default_rng(0)
+    batches = [rng.random((4, 3, 32, 32), dtype=np.float32) for _ in range(3)]
+    labels = ms.Tensor(np.array([0, 1, 2, 3], np.int32))
+
+    def weights():
+        return [p.asnumpy().copy() for p in net.trainable_params()]
+    before = weights()
+    train(ms.Tensor(batches[0]), labels)
+    loss_scale.check_finite(scaler)  # a clean step passes
+    after_one = weights()
+    assert any(not np.array_equal(a, b) for a, b in zip(before, after_one))
+    batches[1][1, 0, 5, 5] = np.inf
+    train(ms.Tensor(batches[1]), labels)
+    train(ms.Tensor(batches[2]), labels)  # after a non-finite step the weights stay put until the run stops
+    assert all(np.array_equal(a, b) for a, b in zip(after_one, weights()))
+    with pytest.raises(NonFiniteError, match=r"^step 2: the loss or gradients are not finite \(inf/NaN\) on rank 0 "
+                                             r"with the fixed loss scale 1024; training stopped before writing"):
+        loss_scale.check_finite(scaler)
+    assert int(optimizer.global_step.asnumpy()[0]) == 3  # the schedule still follows the data
