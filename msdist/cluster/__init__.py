@@ -6,6 +6,7 @@
 - scheduler: `python -m msdist.cluster.scheduler`, MindSpore's scheduler tied to the life of its job
 - registration: who has registered with the scheduler, read from its log, and the line naming a rank that has not
 - stall: the one `StallPolicy` and its `--stall_*` option family
+- phases: `Phase`, what a rank's main thread is doing: written into its heartbeat, read by the stall policy
 - heartbeat: each rank's progress file, its format and reader, and the stall verdict read from all of them
 - preemption: `--preempt_signal`, the signals a scheduler may send, `REQUEUE_EXIT`
 """

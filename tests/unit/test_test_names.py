@@ -1,6 +1,6 @@
 """Unit test files are named after the module they test (docs/testing.md, "Where a test lives"):
 tests/unit/<layer>/test_<module>.py tests msdist/<layer>/<module>.py; faces/ tests msdist/<face>.py and models/
-tests models/<module>.py. A file of tests of several modules is named after the one they mainly test."""
+tests models/<module>.py, benchmarks/ tests benchmarks/<script>.py. A file of tests of several modules is named after the one they mainly test."""
 import os
 
 from conftest import REPO
@@ -11,14 +11,17 @@ UNIT = os.path.join(REPO, "tests", "unit")
 TOPIC_FILES = {
     "faces/test_output_dir.py": "msdist/train.py's output-folder claim; test_train.py is "
                                 "tests/integration/test_train.py's name, and basenames are unique (pytest.ini)",
+    "faces/test_launch_command.py": "msdist/launch.py's command line; test_launch.py is tests/integration/'s name",
+    "launcher/test_mindspore_free.py": "the whole launcher package and the rank start-up, in a fresh interpreter: "
+                                       "no one module",
 }
 
 
 def _tested_module(test_file: str) -> str:
     """The module `<layer>/test_<name>.py` (under tests/unit) is named after."""
     layer, name = test_file[:-len(".py")].split("/test_", 1)
-    if layer == "models":
-        return os.path.join(REPO, "models", f"{name}.py")
+    if layer in ("models", "benchmarks"):
+        return os.path.join(REPO, layer, f"{name}.py")
     if layer == "faces":
         return os.path.join(REPO, "msdist", f"{name}.py")
     return os.path.join(REPO, "msdist", layer, f"{name}.py")
