@@ -16,8 +16,8 @@ if __name__ == "__main__":  # first, before an import starts a thread (numpy's O
 from msdist.base.cli import cli_main  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.base.errors import ConfigError  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.base.files import rank_log_path  # noqa: E402 pylint: disable=wrong-import-position
-from msdist.cluster import heartbeat, runtime, stall, watchdog  # noqa: E402 pylint: disable=wrong-import-position
-from msdist.run import build, config, startup  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.cluster import heartbeat, runtime, watchdog  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.run import build, run_plan, startup  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.run.result import write_result  # noqa: E402 pylint: disable=wrong-import-position
 
 _logger = logging.getLogger("msdist.train")
@@ -26,7 +26,7 @@ _PROCESS_START = time.perf_counter()  # for result.json's start-to-first-step fi
 
 @cli_main
 def main(argv=None) -> int:
-    return runtime.exit_without_teardown(train(startup.start(argv, compile_cache=True, review_recipe=True)))
+    return runtime.exit_without_teardown(train(startup.start(argv, resolve=run_plan.resolve)))
 
 
 def _claim_output_dir(path: str, resume: str, overwrite: bool, is_main: bool):
@@ -59,52 +59,54 @@ def _claim_output_dir(path: str, resume: str, overwrite: bool, is_main: bool):
 
 def train(started: startup.Started) -> int:
     """Start, build, fit, finish: the whole run of one rank. Returns the exit status."""
-    cfg, launch = started.cfg, started.launch
-    replaced = _claim_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite, launch.rank == 0)
-    log_dir = os.path.join(cfg.output_dir, "logs")
+    run, launch = started.plan, started.launch
+    output = run.output
+    replaced = _claim_output_dir(output.directory, run.resume.path, output.overwrite, launch.rank == 0)
+    log_dir = output.logs
     # Before any other thread starts: they inherit the blocked preemption signal.
-    listener = preemption.Listener(preemption.parse_signal(cfg.preempt_signal))
+    listener = preemption.Listener(run.preempt_signal)
     # Beats from before cluster init, so a rank stuck there is seen too.
-    beat = watchdog.watch_this_rank(log_dir, launch, stall.StallPolicy.from_options(vars(cfg)))
+    beat = watchdog.watch_this_rank(log_dir, launch, started.stall)
     dist, collectives = startup.join(started, log_dir)
     heartbeat.dump_stacks_on_signal(rank_log_path(log_dir, dist.rank))
     from msdist.cluster import distributed  # loads MindSpore
     from msdist.run.trainer import Trainer
     if replaced:
-        _logger.warning("overwrite: moved the previous run in %s to %s", cfg.output_dir, replaced)
-    build.seed_everything(cfg.seed)
-    data = build.load_data(cfg, dist, collectives, started.rt, started.batch_slots)
+        _logger.warning("overwrite: moved the previous run in %s to %s", output.directory, replaced)
+    build.seed_everything(run.seed)
+    data = build.load_data(run, dist, collectives, started.rt)
     if dist.is_main:
-        config.save(cfg, os.path.join(cfg.output_dir, "config.yaml"))
+        run_plan.write_settings(run, os.path.join(output.directory, "config.yaml"))
     beat.enter("compile")
-    model = build.build_model(cfg, dist, data, started.rt)
+    model = build.build_model(run, dist, data, started.rt)
     beat.enter("start-up")  # resume, and the first collectives wait for the ranks still compiling
-    outcome = Trainer(cfg, dist, collectives, data, model, beat, launch.kind, listener).fit()
+    outcome = Trainer(run, dist, collectives, data, model, beat, launch.kind, listener).fit()
     beat.enter("finish")
     if dist.is_main and not outcome.preempted:
-        _write_result(cfg, _result(cfg, dist, data, model, outcome), outcome.newest)
+        _write_result(output, _result(run, dist, data, model, outcome), outcome.newest)
     distributed.finish(launch, dist, collectives)
     return preemption.REQUEUE_EXIT if outcome.preempted else 0
 
 
-def _result(cfg, dist, data: "build.Data", model: "build.Model", outcome) -> dict:
+def _result(run: run_plan.RunPlan, dist, data: "build.Data", model: "build.Model", outcome) -> dict:
     """result.json: the job's one evaluation and how the run went (`outcome`: trainer.Outcome)."""
     meter = outcome.meter
     first = meter.first_step_s or 0.0
     return {**outcome.metrics, "classes": sorted(data.classes, key=data.classes.get), "world_size": dist.world_size,
-            "epochs": cfg.epochs, "global_steps": outcome.position.global_step, "global_batch": cfg.batch_size,
+            "epochs": run.schedule.epochs, "global_steps": outcome.position.global_step,
+            "global_batch": run.batch.global_batch,
             "per_rank_batch": data.per_rank_batch, "train_seconds": round(outcome.train_seconds, 3),
             "images_per_sec": round(meter.images_per_sec(), 3),
             "first_step_seconds": round(first, 3), "compile_seconds": round(model.compile_seconds, 3),
             "start_to_first_step_seconds": round(outcome.train_start - _PROCESS_START + first, 3),
-            "model": cfg.model, "device_target": dist.device_target, "skipped_images": len(data.excluded),
+            "model": run.model.name, "device_target": dist.device_target, "skipped_images": len(data.excluded),
             **outcome.ranks}
 
 
-def _write_result(cfg, result: dict, newest_checkpoint) -> None:
+def _write_result(output: run_plan.OutputPlan, result: dict, newest_checkpoint) -> None:
     files = [("checkpoint", newest_checkpoint.path if newest_checkpoint else ""),
-             ("logs", os.path.join(cfg.output_dir, "logs", "")), ("tensorboard", os.path.join(cfg.output_dir, "tb", ""))]
-    write_result(os.path.join(cfg.output_dir, "result.json"), result, "msdist.train done", files,
+             ("logs", os.path.join(output.logs, "")), ("tensorboard", os.path.join(output.directory, "tb", ""))]
+    write_result(os.path.join(output.directory, "result.json"), result, "msdist.train done", files,
                  wall_seconds=time.perf_counter() - _PROCESS_START, images_per_sec=result["images_per_sec"])
 
 
