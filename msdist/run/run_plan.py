@@ -10,8 +10,8 @@ Two facts exist only inside a rank, after start-up: its rank id (MindSpore's, kn
 class folders it lists. `load_data` completes the plan with them once (`BatchPlan.layout`,
 `InputPlan.train_input`) into `build.Data`; nothing derives them again.
 
-To add an option that training reads: give it a field in the part of the plan it belongs to and one line
-in that part's resolver below.
+To add an option that training reads: give it a field, named as the option, in the part of the plan it belongs to
+(`_from_options` fills it); a value derived from options gets its own line in that part's resolver below.
 """
 import argparse
 import dataclasses
@@ -74,8 +74,8 @@ class LearningRates:
 
 @dataclass(frozen=True)
 class Schedule:
-    """When training stops, saves, evaluates and logs. 0 = never / no limit, except that the last epoch always
-    saves and evaluates."""
+    """When training stops, saves, evaluates and logs (the options of those names). 0 = never / no limit, except
+    that the last epoch always saves and evaluates."""
     epochs: int
     max_steps: int
     save_every_epochs: int
@@ -107,7 +107,8 @@ class InputPlan:
 
 @dataclass(frozen=True)
 class ModelPlan:
-    """The network and what trains it, besides the step (`options.StepPlan`) and the schedule."""
+    """The network (`name`: --model) and what trains it, besides the step (`options.StepPlan`) and the schedule; each
+    other field is the option of its name."""
     name: str
     zero_init_last_bn: bool
     sync_bn: bool
@@ -191,14 +192,20 @@ def resolve(cfg: argparse.Namespace, world_size: int, chosen: device.DevicePlan,
     return RunPlan(
         world_size=world_size, device=chosen, seed=cfg.seed, batch=batch,
         step=options.step_plan(cfg, chosen.target, batch.slots), schedule=_schedule(cfg, batch.slots),
-        input=InputPlan(cfg.data_dir, cfg.bad_images == "skip", cfg.num_classes, cfg.num_workers,
-                        options.train_input(cfg, plan.BatchLayout(), workers_per_rank=0, classes=0)),
+        input=_from_options(InputPlan, cfg, skip_bad_images=cfg.bad_images == "skip",
+                            spec=options.train_input(cfg, plan.BatchLayout(), workers_per_rank=0, classes=0)),
         model=_model(cfg),
         checkpoints=CheckpointPlace(directory, prefix, cfg.keep_checkpoint_max, config.config_hash(cfg)),
         resume=ResumeRule(cfg.resume, options.resume_from_rank0(environ)),
         output=_output(cfg),
         preempt_signal=preemption.parse_signal(cfg.preempt_signal),
         settings=tuple(vars(cfg).items()))
+
+
+def _from_options(part, cfg, **resolved):
+    """`part` (a plan dataclass) with each field the option of the same name, except those `resolved` gives."""
+    return part(**{f.name: resolved[f.name] if f.name in resolved else getattr(cfg, f.name)
+                   for f in dataclasses.fields(part)})
 
 
 def _batch(cfg, slots: int, resumed: Optional[int]) -> BatchPlan:
@@ -208,15 +215,12 @@ def _batch(cfg, slots: int, resumed: Optional[int]) -> BatchPlan:
 
 def _schedule(cfg, slots: int) -> Schedule:
     base_lr = cfg.lr * slots if cfg.scale_lr else cfg.lr
-    return Schedule(cfg.epochs, cfg.max_steps, cfg.save_every_epochs, cfg.eval_every_epochs, cfg.save_every_steps,
-                    cfg.log_every, LearningRates(cfg.lr_schedule, base_lr, cfg.epochs, cfg.warmup_epochs,
-                                                 cfg.lr_step_size, cfg.lr_gamma, cfg.min_lr))
+    return _from_options(Schedule, cfg, lr=LearningRates(cfg.lr_schedule, base_lr, cfg.epochs, cfg.warmup_epochs,
+                                                         cfg.lr_step_size, cfg.lr_gamma, cfg.min_lr))
 
 
 def _model(cfg) -> ModelPlan:
-    return ModelPlan(cfg.model, cfg.zero_init_last_bn, cfg.sync_bn, cfg.dist_bn, cfg.freeze_backbone,
-                     cfg.pretrained, cfg.amp_level, cfg.momentum, cfg.weight_decay, cfg.backbone_lr_scale,
-                     cfg.ema_decay)
+    return _from_options(ModelPlan, cfg, name=cfg.model)
 
 
 @dataclass(frozen=True)
@@ -238,9 +242,9 @@ def resolve_eval(cfg: argparse.Namespace, world_size: int, chosen: device.Device
     """The evaluation plan of one process (`cfg` checked by `startup.EVAL_CHECKS`). `chosen`, taken as every
     `startup.Resolver` takes it, stays with start-up: the join sets the device."""
     del chosen
-    return EvalPlan(cfg.ckpt, cfg.data_dir, cfg.bad_images == "skip", cfg.num_classes, cfg.num_workers,
-                    options.eval_batch(cfg, plan.per_rank_batch(cfg.batch_size, world_size)), cfg.image_size,
-                    _model(cfg), _output(cfg))
+    return _from_options(EvalPlan, cfg, skip_bad_images=cfg.bad_images == "skip",
+                         batch=options.eval_batch(cfg, plan.per_rank_batch(cfg.batch_size, world_size)),
+                         model=_model(cfg), output=_output(cfg))
 
 
 def _output(cfg) -> OutputPlan:
