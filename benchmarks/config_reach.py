@@ -21,6 +21,7 @@ sys.path.insert(0, REPO)
 from msdist.cluster import runtime  # noqa: E402  after the path: this checkout's msdist
 
 PACKAGE = os.path.join(REPO, "msdist") + os.sep
+COMPREHENSIONS = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
 
 
 class Reach:
@@ -34,8 +35,8 @@ class Reach:
 
     def __call__(self, frame, event, arg):
         code = frame.f_code
-        if event != "return" or not code.co_filename.startswith(PACKAGE):
-            return
+        if event != "return" or not code.co_filename.startswith(PACKAGE) or code.co_name in COMPREHENSIONS:
+            return  # a comprehension is a frame of its own on Python 3.11 only: part of its function's place
         where = (os.path.relpath(code.co_filename, PACKAGE), code.co_qualname)
         if where == ("run/config.py", "parse") and isinstance(arg, argparse.Namespace) and self.namespace is None:
             self.namespace = arg
