@@ -52,21 +52,17 @@ def resumed_slots(cfg, world_size: int) -> Optional[int]:
     return checkpoint_model.recorded_slots(source, world_size) if source else None
 
 
-def batch_slots(cfg, world_size: int, environ: Mapping[str, str] = os.environ) -> int:
+def slots_for(recorded: Optional[int], world_size: int, environ: Mapping[str, str]) -> int:
     """How many slots the job's global batch is cut into (`plan.BatchLayout`): the layout of the original job.
 
-    Resuming, the checkpoint's; on more ranks than that (a job grown past the ranks it was started for), one per
-    rank, as BatchNorm's micro-batches cannot be kept (`recipe.review` warns). Fresh, `MSDIST_BATCH_SLOTS`
-    (`launch_env.BATCH_SLOTS_VAR`, set by a launcher that may shrink the job later), else the world size.
+    Resuming (`recorded`: what the checkpoint recorded, `resumed_slots`; None for a fresh start), the checkpoint's;
+    on more ranks than that (a job grown past the ranks it was started for), one per rank, as BatchNorm's
+    micro-batches cannot be kept (`recipe.review` warns). Fresh, `MSDIST_BATCH_SLOTS` (`launch_env.BATCH_SLOTS_VAR`,
+    set by a launcher that may shrink the job later), else the world size.
 
     Raises:
         ConfigError: MSDIST_BATCH_SLOTS is not a whole number of at least the world size.
     """
-    return slots_for(resumed_slots(cfg, world_size), world_size, environ)
-
-
-def slots_for(recorded: Optional[int], world_size: int, environ: Mapping[str, str]) -> int:
-    """`batch_slots` from the slots the resumed checkpoint recorded (`resumed_slots`; None for a fresh start)."""
     if recorded is not None:
         return max(recorded, world_size)
     text = environ.get(BATCH_SLOTS_VAR, "")
@@ -85,7 +81,7 @@ def resume_from_rank0(environ: Mapping[str, str]) -> bool:
 
 
 def batch_layout(cfg, slots: int, world_size: int, rank: int) -> plan.BatchLayout:
-    """This rank's part of every global batch (slots from `batch_slots`).
+    """This rank's part of every global batch (slots from `slots_for`).
 
     Raises:
         ConfigError: ranks owning unequal numbers of slots under --sync_bn, whose statistics are a collective in

@@ -30,7 +30,7 @@ from msdist.run import config, options
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """The global batch and its layout: cut into `slots` (the original job's ranks: `options.batch_slots`), each
+    """The global batch and its layout: cut into `slots` (the original job's ranks: `options.slots_for`), each
     slot into `grad_accum_steps` micro-batches of `micro_batch` images."""
     global_batch: int
     slots: int
@@ -184,10 +184,9 @@ def resolve(cfg: argparse.Namespace, world_size: int, chosen: device.DevicePlan,
     `environ` (`MSDIST_BATCH_SLOTS`, `MSDIST_RESUME_FROM_RANK0`).
 
     Raises:
-        ConfigError: `options.slots_for`, `options.micro_batch` or `preemption.parse_signal` refuse.
+        ConfigError: `resolve_batch` or `preemption.parse_signal` refuse.
     """
-    resumed = options.resumed_slots(cfg, world_size)   # the one read of the checkpoint resumed
-    batch = _batch(cfg, options.slots_for(resumed, world_size, environ), resumed)
+    batch = resolve_batch(cfg, world_size, environ)
     directory, prefix = options.checkpoint_place(cfg)
     return RunPlan(
         world_size=world_size, device=chosen, seed=cfg.seed, batch=batch,
@@ -208,7 +207,16 @@ def _from_options(part, cfg, **resolved):
                    for f in dataclasses.fields(part)})
 
 
-def _batch(cfg, slots: int, resumed: Optional[int]) -> BatchPlan:
+def resolve_batch(cfg, world_size: int, environ: Mapping[str, str]) -> BatchPlan:
+    """The global batch cut into the job's slots and each slot into micro-batches, once (`startup.check_batch_split`
+    asks the same for a face without a plan).
+
+    Raises:
+        ConfigError: `options.slots_for`, `options.micro_batch` or `options.batch_layout` (--sync_bn) refuse.
+    """
+    resumed = options.resumed_slots(cfg, world_size)   # the one read of the checkpoint resumed
+    slots = options.slots_for(resumed, world_size, environ)
+    options.batch_layout(cfg, slots, world_size, 0)    # its refusal is the same on every rank
     return BatchPlan(cfg.batch_size, slots, resumed, cfg.grad_accum_steps, options.micro_batch(cfg, slots),
                      options.eval_batch(cfg, plan.per_rank_batch(cfg.batch_size, slots)))
 

@@ -63,11 +63,10 @@ def check_model(cfg, world_size: int) -> None:
 
 
 def check_batch_split(cfg, world_size: int) -> None:
-    """The global batch cut into the job's slots (the checkpoint resumed, or the launcher's: `options.batch_slots`)
-    and each slot into --grad_accum_steps micro-batches, which the ranks can share."""
-    slots = options.batch_slots(cfg, world_size)
-    options.micro_batch(cfg, slots)
-    options.batch_layout(cfg, slots, world_size, 0)
+    """The global batch cut into the job's slots (the checkpoint resumed, or the launcher's: `options.slots_for`)
+    and each slot into --grad_accum_steps micro-batches, which the ranks can share: for a face without a run plan
+    (msdist.launch, `msdist.check --plan`); training's start-up resolves the same batch once, in its plan."""
+    run_plan.resolve_batch(cfg, world_size, os.environ)
 
 
 def check_frozen_backbone(cfg, world_size: int) -> None:
@@ -118,7 +117,8 @@ def check_ckpt(cfg, world_size: int) -> None:
 # What the options alone decide, and what needs this host's files (a launcher on node 0 cannot see node 1's).
 OPTION_CHECKS: Tuple[Check, ...] = (check_model, check_batch_split, check_frozen_backbone)
 PATH_CHECKS: Tuple[Check, ...] = (check_data_dir, check_output_dir, check_resume_path, check_pretrained_path)
-TRAIN_CHECKS: Tuple[Check, ...] = OPTION_CHECKS + PATH_CHECKS
+# Training's batch split is refused by its plan (`run_plan.resolve_batch`), resolved once after these.
+TRAIN_CHECKS: Tuple[Check, ...] = tuple(c for c in OPTION_CHECKS if c is not check_batch_split) + PATH_CHECKS
 EVAL_CHECKS: Tuple[Check, ...] = (check_ckpt, check_model, check_per_rank_batch, check_data_dir, check_output_dir)
 
 
@@ -135,7 +135,7 @@ def compile_cache_path(cfg, world_size: int, device_target: str, slots: int) -> 
     Args:
         device_target: the resolved device (CPU or GPU), never `auto`: a run directory started on CPU
             and resumed on GPU must not find the CPU graph, nor the amp level `auto` resolved there.
-        slots: the job's batch layout (`options.batch_slots`), which shapes the step as the world size does.
+        slots: the job's batch layout (`run_plan.BatchPlan.slots`), which shapes the step as the world size does.
     """
     if not cfg.compile_cache:
         return ""
@@ -182,7 +182,8 @@ def start(argv=None, *, options: Sequence[config.Option] = config.TRAIN_OPTIONS,
         raise SystemExit(distributed.run_scheduler_role(launch, stall.StallPolicy.from_options(vars(cfg)), log_dir))
     run_checks(cfg, launch.world_size, checks)
     chosen = decide_device(cfg, launch, device.host_probe(os.environ))
-    face_plan = resolve(cfg, launch.world_size, chosen) if resolve else None
+    with alike_on_every_rank():  # resolved from the same options and files on every rank
+        face_plan = resolve(cfg, launch.world_size, chosen) if resolve else None
     run = face_plan if isinstance(face_plan, run_plan.RunPlan) else None
     warnings = tuple(recipe.review(run)) if run else ()
     rt = runtime.prepare(cfg.verbose, cfg.cpu_isa, launch.local_world_size, local_rank=launch.local_rank,

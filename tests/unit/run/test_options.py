@@ -8,7 +8,7 @@ from msdist.data import pipeline, plan
 from msdist.data.augment import Regularization
 from msdist.engine import optim
 from conftest import plan_on
-from msdist.run import config, options
+from msdist.run import config, options, run_plan
 
 
 def test_every_derived_value_falls_back_only_when_its_option_is_zero():
@@ -111,16 +111,16 @@ RESUMED_SLOTS = [
 @pytest.mark.parametrize("writers,recorded,world,variable,slots", RESUMED_SLOTS)
 def test_a_resumed_job_keeps_the_batch_slots_of_its_checkpoint(tmp_path, writers, recorded, world, variable, slots):
     cfg = _run_with_checkpoints(tmp_path, writers, recorded)
-    assert options.batch_slots(cfg, world, {launch_env.BATCH_SLOTS_VAR: variable}) == slots
+    assert run_plan.resolve_batch(cfg, world, {launch_env.BATCH_SLOTS_VAR: variable}).slots == slots
 
 
 def test_a_fresh_job_takes_its_slots_from_the_launcher_or_its_world_size(tmp_path):
     cfg = config.parse(["--output_dir", str(tmp_path), "--resume", "auto"])   # nothing to resume yet
-    assert options.batch_slots(cfg, 2, {}) == 2
-    assert options.batch_slots(cfg, 2, {launch_env.BATCH_SLOTS_VAR: "4"}) == 4
+    assert run_plan.resolve_batch(cfg, 2, {}).slots == 2
+    assert run_plan.resolve_batch(cfg, 2, {launch_env.BATCH_SLOTS_VAR: "4"}).slots == 4
     for bad in ("1", "two", "-4"):
         with pytest.raises(ConfigError, match=f"{launch_env.BATCH_SLOTS_VAR}='{bad}'"):
-            options.batch_slots(cfg, 2, {launch_env.BATCH_SLOTS_VAR: bad})
+            run_plan.resolve_batch(cfg, 2, {launch_env.BATCH_SLOTS_VAR: bad})
 
 
 def test_the_batch_layout_is_said_once_and_shapes_the_step_and_the_schedule():
