@@ -23,7 +23,7 @@ from msdist.base.errors import UserError, alike_on_every_rank
 from msdist.base.files import rank_log_path
 from msdist.cluster import heartbeat, job
 from msdist.rank import device, distributed, runtime
-from msdist.run import checkpoint, config, options, recipe, startup
+from msdist.run import checkpoint, config, recipe, run_plan, startup
 
 
 PLAN_FLAG = "--plan"
@@ -78,16 +78,18 @@ def plan_main(argv) -> int:
     startup.run_checks(cfg, launch.world_size, startup.OPTION_CHECKS)
     probe = device.host_probe(os.environ, cfg.host_root)
     chosen = startup.decide_device(cfg, launch, probe)  # what training decides at start-up, refusals included
-    warnings = recipe.review(cfg, launch.world_size, chosen.target)
-    lines = [f"{name}: {value}" for name, value in plan_fields(cfg, launch, probe, chosen)]
+    run = run_plan.resolve(cfg, launch.world_size, chosen)  # as training resolves it at start-up
+    warnings = recipe.review(run)
+    lines = [f"{name}: {value}" for name, value in plan_fields(cfg, launch, probe, run)]
     if launch.rank == 0:  # job-wide, so said once, as rank 0 says it at start-up
         lines += [f"warning: {warning}" for warning in warnings]
     print("\n".join(f"[rank {launch.rank}] {line}" for line in lines), flush=True)
     return 0
 
 
-def plan_fields(cfg, launch: launch_env.LaunchEnv, probe: device.GpuProbe, chosen: device.DevicePlan):
+def plan_fields(cfg, launch: launch_env.LaunchEnv, probe: device.GpuProbe, run: run_plan.RunPlan):
     """(name, value) pairs of one rank's plan, in the order they are printed."""
+    chosen = run.device
     target = chosen.target
     nodes = -(-launch.world_size // max(launch.local_world_size, 1))
     sets, clears = job.ms_variables(launch, target, os.environ)
@@ -105,7 +107,7 @@ def plan_fields(cfg, launch: launch_env.LaunchEnv, probe: device.GpuProbe, chose
     yield "backend", _backend(launch, target)
     yield "sets", " ".join(f"{k}={v}" for k, v in sets.items()) or "nothing"
     yield "clears", " ".join(clears) or "nothing"
-    yield from _paths(cfg, launch, target)
+    yield from _paths(cfg, launch, run)
 
 
 def _backend(launch: launch_env.LaunchEnv, target: str) -> str:
@@ -119,19 +121,19 @@ def _backend(launch: launch_env.LaunchEnv, target: str) -> str:
     return f"{backend} through MindSpore's dynamic cluster, as {launch.launcher} set it up"
 
 
-def _paths(cfg, launch: launch_env.LaunchEnv, target: str):
-    log_dir = os.path.join(cfg.output_dir, "logs")
-    yield "output", cfg.output_dir
+def _paths(cfg, launch: launch_env.LaunchEnv, run: run_plan.RunPlan):
+    log_dir = run.output.logs
+    yield "output", run.output.directory
     yield "log", rank_log_path(log_dir, launch.rank)
     yield "heartbeat", heartbeat.path_for(log_dir, launch.rank)
     try:
-        cache = startup.compile_cache_path(cfg, launch.world_size, target, options.batch_slots(cfg, launch.world_size))
+        cache = startup.compile_cache_path(cfg, launch.world_size, run.device.target, run.batch.slots)
     except UserError as e:  # the class count comes from --data_dir unless --num_classes is given
         yield "compile cache", f"unknown here ({e})"
     else:
         yield "compile cache", runtime.compile_cache_rank_dir(cache, launch.rank) if cache else "off"
-    yield "checkpoints", os.path.join(cfg.output_dir, "ckpt", checkpoint.file_name(cfg.ckpt_prefix or cfg.model,
-                                                                                  launch.rank, "*", "*"))
+    yield "checkpoints", os.path.join(run.checkpoints.directory,
+                                      checkpoint.file_name(run.checkpoints.prefix, launch.rank, "*", "*"))
 
 
 if __name__ == "__main__":

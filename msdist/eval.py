@@ -9,9 +9,9 @@ import time
 
 from msdist.base.cli import cli_main
 from msdist.base.files import rank_log_path
-from msdist.data import pipeline, plan
+from msdist.data import pipeline
 from msdist.rank import runtime
-from msdist.run import build, config, evaluation, options, startup
+from msdist.run import build, config, evaluation, options, run_plan, startup
 from msdist.run.result import write_result
 
 _PROCESS_START = time.perf_counter()  # for the wall time in the closing summary
@@ -20,29 +20,30 @@ _LOG_NAME = "eval_rank"  # its own log file: evaluating a run's checkpoint must 
 
 @cli_main
 def main(argv=None) -> int:
-    started = startup.start(argv, options=config.EVAL_OPTIONS, prog="msdist.eval", checks=startup.EVAL_CHECKS)
-    cfg = started.cfg
-    dist, collectives = startup.join(started, os.path.join(cfg.output_dir, "logs"), log_name=_LOG_NAME)
+    started = startup.start(argv, options=config.EVAL_OPTIONS, prog="msdist.eval", checks=startup.EVAL_CHECKS,
+                            resolve=run_plan.resolve_eval)
+    run = started.plan
+    dist, collectives = startup.join(started, run.output.logs, log_name=_LOG_NAME)
     from msdist.engine import step
     from msdist.rank import distributed
     from msdist.run import checkpoint_model
 
     # The same data check as training: a corrupt Test image is named, never a C++ decoder trace.
-    classes, excluded = build.checked_classes(cfg, dist, collectives)
-    test_split = pipeline.list_split(cfg.data_dir, pipeline.TEST_SPLIT, classes, exclude=excluded)
-    num_classes = options.num_classes(cfg, classes)
-    trained_as = checkpoint_model.meta_convention(checkpoint_model.stored_meta(cfg.ckpt))  # padded as it was trained
-    net = step.build_network(cfg.model, num_classes, cfg.zero_init_last_bn, cfg.sync_bn, dist.world_size, trained_as)
-    checkpoint_model.load_weights(cfg.ckpt, net)
-    batch = options.eval_batch(cfg, plan.per_rank_batch(cfg.batch_size, dist.world_size))
-    metrics = evaluation.evaluate_split(net, test_split, batch_size=batch, image_size=cfg.image_size, dist=dist,
-                                        workers=options.workers(cfg, started.rt),
+    classes, excluded = build.checked_classes(run.data_dir, run.skip_bad_images, dist, collectives)
+    test_split = pipeline.list_split(run.data_dir, pipeline.TEST_SPLIT, classes, exclude=excluded)
+    num_classes = options.num_classes(run.num_classes, classes)
+    trained_as = checkpoint_model.meta_convention(checkpoint_model.stored_meta(run.ckpt))  # padded as it was trained
+    net = step.build_network(run.model.name, num_classes, run.model.zero_init_last_bn, run.model.sync_bn,
+                             dist.world_size, trained_as)
+    checkpoint_model.load_weights(run.ckpt, net)
+    metrics = evaluation.evaluate_split(net, test_split, batch_size=run.batch, image_size=run.image_size, dist=dist,
+                                        workers=options.workers(run.num_workers, started.rt.threads_per_rank),
                                         collectives=collectives, num_classes=num_classes)
     if dist.is_main:
         result = {**metrics, "classes": sorted(classes, key=classes.get), "world_size": dist.world_size,
-                  "ckpt": cfg.ckpt}
-        files = [("checkpoint", cfg.ckpt), ("log", rank_log_path(os.path.join(cfg.output_dir, "logs"), 0, _LOG_NAME))]
-        write_result(os.path.join(cfg.output_dir, "eval_result.json"), result, "msdist.eval done", files,
+                  "ckpt": run.ckpt}
+        files = [("checkpoint", run.ckpt), ("log", rank_log_path(run.output.logs, 0, _LOG_NAME))]
+        write_result(os.path.join(run.output.directory, "eval_result.json"), result, "msdist.eval done", files,
                      wall_seconds=time.perf_counter() - _PROCESS_START)
     distributed.finish(started.launch, dist, collectives)
     return runtime.exit_without_teardown(0)

@@ -16,10 +16,10 @@ if __name__ == "__main__":  # first, before an import starts a thread (numpy's O
 from msdist.base.cli import cli_main  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.base.errors import ConfigError  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.base.files import rank_log_path  # noqa: E402 pylint: disable=wrong-import-position
-from msdist.cluster import preemption, stall  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.cluster import preemption  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.cluster.phases import Phase  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.rank import heartbeat_writer, runtime, watchdog  # noqa: E402 pylint: disable=wrong-import-position
-from msdist.run import build, config, flops, startup  # noqa: E402 pylint: disable=wrong-import-position
+from msdist.run import build, flops, run_plan, startup  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.run.result import write_result  # noqa: E402 pylint: disable=wrong-import-position
 
 _logger = logging.getLogger("msdist.train")
@@ -28,7 +28,7 @@ _PROCESS_START = time.perf_counter()  # for result.json's start-to-first-step fi
 
 @cli_main
 def main(argv=None) -> int:
-    return runtime.exit_without_teardown(train(startup.start(argv, compile_cache=True, review_recipe=True)))
+    return runtime.exit_without_teardown(train(startup.start(argv, resolve=run_plan.resolve)))
 
 
 def _claim_output_dir(path: str, resume: str, overwrite: bool, is_main: bool):
@@ -61,39 +61,42 @@ def _claim_output_dir(path: str, resume: str, overwrite: bool, is_main: bool):
 
 def train(started: startup.Started) -> int:
     """Start, build, fit, finish: the whole run of one rank. Returns the exit status."""
-    cfg, launch = started.cfg, started.launch
-    replaced = _claim_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite, launch.rank == 0)
-    log_dir = os.path.join(cfg.output_dir, "logs")
+    run, launch = started.plan, started.launch
+    output = run.output
+    replaced = _claim_output_dir(output.directory, run.resume.path, output.overwrite, launch.rank == 0)
+    log_dir = output.logs
     # Before any other thread starts: they inherit the blocked preemption signal.
-    listener = preempt_stop.Listener(preemption.parse_signal(cfg.preempt_signal))
+    listener = preempt_stop.Listener(run.preempt_signal)
     # Beats from before cluster init, so a rank stuck there is seen too.
-    beat = watchdog.watch_this_rank(log_dir, launch, stall.StallPolicy.from_options(vars(cfg)))
+    beat = watchdog.watch_this_rank(log_dir, launch, started.stall)
     dist, collectives = startup.join(started, log_dir)
     heartbeat_writer.dump_stacks_on_signal(rank_log_path(log_dir, dist.rank))
     from msdist.rank import distributed  # loads MindSpore
     from msdist.run.trainer import Trainer
     if replaced:
-        _logger.warning("overwrite: moved the previous run in %s to %s", cfg.output_dir, replaced)
-    build.seed_everything(cfg.seed)
-    data = build.load_data(cfg, dist, collectives, started.rt, started.batch_slots)
+        _logger.warning("overwrite: moved the previous run in %s to %s", output.directory, replaced)
+    build.seed_everything(run.seed)
+    data = build.load_data(run, dist, collectives, started.rt)
     if dist.is_main:
-        config.save(cfg, os.path.join(cfg.output_dir, "config.yaml"))
+        run_plan.write_settings(run, os.path.join(output.directory, "config.yaml"))
     beat.enter(Phase.COMPILE)
-    model = build.build_model(cfg, dist, data, started.rt)
-    rate = flops.rate_of(model.net, cfg.image_size, dist, cfg.amp_level, started.rt.threads_per_rank)
+    model = build.build_model(run, dist, data, started.rt)
+    rate = flops.rate_of(model.net, data.train_input.image_size, dist, run.model.amp_level,
+                         started.rt.threads_per_rank)
     initial_weights = distributed.params_checksum(model.net)  # before any resume: result.json's pairing
     beat.enter(Phase.START_UP)  # resume, and the first collectives wait for the ranks still compiling
-    outcome = Trainer(cfg, dist, collectives, data, model, beat, launch.kind, listener, rate).fit()
+    outcome = Trainer(run, dist, collectives, data, model, beat, launch.kind, listener, rate).fit()
     beat.enter(Phase.FINISH)
     if dist.is_main and not outcome.preempted:
-        result = {**_result(cfg, dist, data, model, outcome, initial_weights),
+        result = {**_result(run, dist, data, model, outcome, initial_weights),
                   **rate.fields(outcome.meter.images_per_sec())}
-        _write_result(cfg, result, outcome.newest)
+        _write_result(output, result, outcome.newest)
     distributed.finish(launch, dist, collectives)
     return preemption.REQUEUE_EXIT if outcome.preempted else 0
 
 
-def _result(cfg, dist, data: "build.Data", model: "build.Model", outcome, initial_weights: float) -> dict:
+def _result(run: run_plan.RunPlan, dist, data: "build.Data", model: "build.Model", outcome,
+            initial_weights: float) -> dict:
     """result.json: the job's one evaluation and how the run went (`outcome`: trainer.Outcome).
 
     `pairing` says what two runs must share to be compared seed by seed (benchmarks/accuracy_parity.py): the
@@ -102,20 +105,21 @@ def _result(cfg, dist, data: "build.Data", model: "build.Model", outcome, initia
     meter = outcome.meter
     first = meter.first_step_s or 0.0
     return {**outcome.metrics, "classes": sorted(data.classes, key=data.classes.get), "world_size": dist.world_size,
-            "epochs": cfg.epochs, "global_steps": outcome.position.global_step, "global_batch": cfg.batch_size,
+            "epochs": run.schedule.epochs, "global_steps": outcome.position.global_step,
+            "global_batch": run.batch.global_batch,
             "per_rank_batch": data.per_rank_batch, "train_seconds": round(outcome.train_seconds, 3),
             "images_per_sec": round(meter.images_per_sec(), 3),
             "first_step_seconds": round(first, 3), "compile_seconds": round(model.compile_seconds, 3),
             "start_to_first_step_seconds": round(outcome.train_start - _PROCESS_START + first, 3),
-            "model": cfg.model, "device_target": dist.device_target, "skipped_images": len(data.excluded),
-            "pairing": {"initial_weights": initial_weights, "sample_order": data.sample_order(cfg.epochs)},
+            "model": run.model.name, "device_target": dist.device_target, "skipped_images": len(data.excluded),
+            "pairing": {"initial_weights": initial_weights, "sample_order": data.sample_order(run.schedule.epochs)},
             **outcome.ranks}
 
 
-def _write_result(cfg, result: dict, newest_checkpoint) -> None:
+def _write_result(output: run_plan.OutputPlan, result: dict, newest_checkpoint) -> None:
     files = [("checkpoint", newest_checkpoint.path if newest_checkpoint else ""),
-             ("logs", os.path.join(cfg.output_dir, "logs", "")), ("tensorboard", os.path.join(cfg.output_dir, "tb", ""))]
-    write_result(os.path.join(cfg.output_dir, "result.json"), result, "msdist.train done", files,
+             ("logs", os.path.join(output.logs, "")), ("tensorboard", os.path.join(output.directory, "tb", ""))]
+    write_result(os.path.join(output.directory, "result.json"), result, "msdist.train done", files,
                  wall_seconds=time.perf_counter() - _PROCESS_START, images_per_sec=result["images_per_sec"])
 
 

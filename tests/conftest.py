@@ -120,6 +120,14 @@ def tiny_args(data_dir: str, output_dir, *extra) -> list:
     return ["--config", TINY_CONFIG, "--data_dir", str(data_dir), "--output_dir", str(output_dir), *map(str, extra)]
 
 
+def plan_on(cfg, world_size: int, target: str, environ=None):
+    """The run plan start-up resolves from `cfg` on `world_size` ranks of `target` (CPU or GPU) devices."""
+    from msdist.rank import device
+    from msdist.run import run_plan
+    chosen = device.DevicePlan(target, target, "test", 0 if target == "GPU" else None)
+    return run_plan.resolve(cfg, world_size, chosen, {} if environ is None else environ)
+
+
 def load_params(path: str, include_state: bool = False) -> dict:
     """Model parameters of a checkpoint as float64 arrays (optimizer state left out unless asked)."""
     import mindspore as ms

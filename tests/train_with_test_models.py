@@ -17,10 +17,10 @@ from msdist.run import build  # noqa: E402  (after the registration; MindSpore-f
 from msdist.train import main  # noqa: E402
 
 
-def _build_model_with_overflow(cfg, dist, data, rt, _build=build.build_model):
+def _build_model_with_overflow(run, dist, data, rt, _build=build.build_model):
     import overflow  # imports MindSpore, which start-up has prepared by now
     overflow.install(os.environ[overflow.ENV], dist.rank)
-    return _build(cfg, dist, data, rt)
+    return _build(run, dist, data, rt)
 
 
 if os.environ.get("MSDIST_TEST_OVERFLOW"):

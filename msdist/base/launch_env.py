@@ -31,7 +31,7 @@ class LaunchEnv:
     launcher: str = ""     # who set the variables: msdist.launch, msrun, mpirun, srun, env
 
 
-# The batch layout of a fresh job (run/options.py `batch_slots`): how many ranks its global batch is cut for. A
+# The batch layout of a fresh job (run/options.py `slots_for`): how many ranks its global batch is cut for. A
 # launcher that may run the job on fewer ranks later sets it to the most it will have (msdist.launch --nnodes MIN:MAX:
 # MAX nodes x ranks per node); a resumed job keeps its checkpoint's layout whatever this says.
 BATCH_SLOTS_VAR = "MSDIST_BATCH_SLOTS"

@@ -57,7 +57,7 @@ class BatchLayout:
     micro-batches of one optimizer step. With slots == world_size that is one slot per rank: plain data
     parallelism. A job started for more ranks than it has now (its nodes shrank, or it grew back) keeps
     the sample order, the per-micro-batch BatchNorm statistics and the global batch of the original job.
-    slots >= world_size (`run/options.batch_slots` sees to it).
+    slots >= world_size (`run/options.slots_for` sees to it).
     """
     slots: int = 1
     world_size: int = 1

@@ -156,14 +156,14 @@ def _fail_with_scheduler(proc, log_path: str) -> None:
     os._exit(1)  # pylint: disable=protected-access
 
 
-def plan_device(requested: str, launch: LaunchEnv) -> device.DevicePlan:
-    """This rank's device: decided from the host's files (as start-up and `msdist.check --plan` decide it),
-    a GPU then confirmed by MindSpore itself, whose device count (cgroups, CUDA) has the last word on its id.
+def verify_device(planned: device.DevicePlan, launch: LaunchEnv) -> device.DevicePlan:
+    """Start-up's device decision (`startup.decide_device`, from the host's files), verified now that MindSpore is
+    loaded: a planned GPU is one MindSpore itself can use, and its device count (cgroups, CUDA) has the last word on
+    the id. Nothing is decided again: a CPU stays a CPU.
 
     Raises:
-        ConfigError: the files or MindSpore rule the requested device out (`device.plan_device`).
+        ConfigError: MindSpore rules the planned GPU out (`device.plan_device` over its own probe).
     """
-    planned = device.plan_device(requested, launch.local_rank, device.host_probe(os.environ))
     if planned.target != "GPU":
         return planned
     return device.plan_device("GPU", launch.local_rank, probe_gpu())
@@ -187,13 +187,13 @@ def refuse_shared_gpu(launch: LaunchEnv, device_id: int) -> None:
             raise ConfigError(problem)
 
 
-def init(launch: LaunchEnv, device_target: str, log_dir: str, deterministic: bool = False,
+def init(launch: LaunchEnv, planned: device.DevicePlan, log_dir: str, deterministic: bool = False,
          stall: StallPolicy = StallPolicy.from_options({})) -> DistInfo:
     """Set the device and GRAPH_MODE, join the job's communication group, set DATA_PARALLEL.
 
     Args:
         launch: from `launch_env.detect_launch()`.
-        device_target: "auto", "CPU" or "GPU".
+        planned: this rank's device as start-up decided it (`startup.decide_device`), verified here.
         log_dir: where the scheduler's own log goes when this rank starts it.
         deterministic: ask MindSpore for deterministic kernels.
         stall: the job's stall options; the scheduler rank 0 starts names an unregistered rank after
@@ -201,7 +201,7 @@ def init(launch: LaunchEnv, device_target: str, log_dir: str, deterministic: boo
     """
     import mindspore as ms
 
-    chosen = plan_device(device_target, launch)
+    chosen = verify_device(planned, launch)
     target = chosen.target
     if target == "GPU" and launch.local_world_size > 1:
         refuse_shared_gpu(launch, chosen.device_id)

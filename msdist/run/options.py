@@ -10,24 +10,22 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Tuple
 
-import numpy as np
-
 from msdist.base.errors import ConfigError
 from msdist.base.launch_env import BATCH_SLOTS_VAR, RESUME_FROM_RANK0_VAR
 from msdist.data import augment, pipeline, plan
-from msdist.engine import optim, precision
-from msdist.rank import runtime
+from msdist.engine import precision
 from msdist.run import checkpoint_model, config, profiler, stragglers
 
 
-def num_classes(cfg, classes: Dict[str, int]) -> int:
-    """`--num_classes`, or 0 = as many as Training/ has class folders."""
-    return cfg.num_classes or len(classes)
+def num_classes(requested: int, classes: Dict[str, int]) -> int:
+    """`--num_classes` (`requested`), or 0 = as many as Training/ has class folders."""
+    return requested or len(classes)
 
 
-def workers(cfg, rt: runtime.RuntimeInfo) -> int:
-    """Dataset workers per rank: `--num_workers`, or 0 = this rank's share of the host's cores."""
-    return cfg.num_workers or rt.threads_per_rank
+def workers(requested: int, threads_per_rank: int) -> int:
+    """Dataset workers per rank: `--num_workers` (`requested`), or 0 = this rank's share of the host's cores
+    (`runtime.RuntimeInfo.threads_per_rank`)."""
+    return requested or threads_per_rank
 
 
 def eval_batch(cfg, per_rank_batch: int) -> int:
@@ -65,21 +63,17 @@ def resumed_slots(cfg, world_size: int) -> Optional[int]:
     return checkpoint_model.recorded_slots(source, world_size) if source else None
 
 
-def batch_slots(cfg, world_size: int, environ: Mapping[str, str] = os.environ) -> int:
+def slots_for(recorded: Optional[int], world_size: int, environ: Mapping[str, str]) -> int:
     """How many slots the job's global batch is cut into (`plan.BatchLayout`): the layout of the original job.
 
-    Resuming, the checkpoint's; on more ranks than that (a job grown past the ranks it was started for), one per
-    rank, as BatchNorm's micro-batches cannot be kept (`recipe.review` warns). Fresh, `MSDIST_BATCH_SLOTS`
-    (`launch_env.BATCH_SLOTS_VAR`, set by a launcher that may shrink the job later), else the world size.
+    Resuming (`recorded`: what the checkpoint recorded, `resumed_slots`; None for a fresh start), the checkpoint's;
+    on more ranks than that (a job grown past the ranks it was started for), one per rank, as BatchNorm's
+    micro-batches cannot be kept (`recipe.review` warns). Fresh, `MSDIST_BATCH_SLOTS` (`launch_env.BATCH_SLOTS_VAR`,
+    set by a launcher that may shrink the job later), else the world size.
 
     Raises:
         ConfigError: MSDIST_BATCH_SLOTS is not a whole number of at least the world size.
     """
-    return slots_for(resumed_slots(cfg, world_size), world_size, environ)
-
-
-def slots_for(recorded: Optional[int], world_size: int, environ: Mapping[str, str] = os.environ) -> int:
-    """`batch_slots` from the slots the resumed checkpoint recorded (`resumed_slots`; None for a fresh start)."""
     if recorded is not None:
         return max(recorded, world_size)
     text = environ.get(BATCH_SLOTS_VAR, "")
@@ -91,14 +85,14 @@ def slots_for(recorded: Optional[int], world_size: int, environ: Mapping[str, st
     return int(text)
 
 
-def resume_from_rank0(environ: Mapping[str, str] = os.environ) -> bool:
+def resume_from_rank0(environ: Mapping[str, str]) -> bool:
     """Whether `--resume auto` restores rank 0's newest good checkpoint on every rank whatever the ranks' own files
     say: an elastic job's (`launch_env.RESUME_FROM_RANK0_VAR`, set by msdist.launch --nnodes MIN:MAX)."""
     return bool(environ.get(RESUME_FROM_RANK0_VAR))
 
 
 def batch_layout(cfg, slots: int, world_size: int, rank: int) -> plan.BatchLayout:
-    """This rank's part of every global batch (slots from `batch_slots`).
+    """This rank's part of every global batch (slots from `slots_for`).
 
     Raises:
         ConfigError: ranks owning unequal numbers of slots under --sync_bn, whose statistics are a collective in
@@ -119,28 +113,9 @@ def train_input(cfg, layout: plan.BatchLayout, workers_per_rank: int, classes: i
                                workers=workers_per_rank, layout=layout, regularization=regularization(cfg, classes))
 
 
-def learning_rates(cfg, slots: int, steps_per_epoch: int) -> np.ndarray:
-    """The learning rate of every optimizer step; `--scale_lr` multiplies the base rate by the original job's world
-    size (its batch slots), so a job that changed size keeps its schedule."""
-    base_lr = cfg.lr * slots if cfg.scale_lr else cfg.lr
-    return optim.lr_schedule(cfg.lr_schedule, base_lr, cfg.epochs, steps_per_epoch, cfg.warmup_epochs,
-                             cfg.lr_step_size, cfg.lr_gamma, cfg.min_lr)
-
-
 def micro_batch(cfg, slots: int) -> int:
     """The micro-batch: a slot (one original rank's share of the global batch), split into `--grad_accum_steps`."""
     return plan.micro_batch_size(plan.per_rank_batch(cfg.batch_size, slots), cfg.grad_accum_steps)
-
-
-def describe_layout(cfg, layout: plan.BatchLayout) -> str:
-    """The console line of a rank that accumulates because of its slots ("" when slots == world size)."""
-    if layout.slots == layout.world_size:
-        return ""
-    slots, ranks = layout.slots, layout.world_size
-    steps = {len(plan.BatchLayout(slots, ranks, r).owned) * cfg.grad_accum_steps for r in range(ranks)}
-    return (f"batch layout: {slots} slots of {layout.slot_batch(cfg.batch_size)} images on {ranks} rank(s): "
-            f"{' or '.join(str(n) for n in sorted(steps, reverse=True))} micro-batches per step, global batch "
-            f"{cfg.batch_size} as the original job")
 
 
 @dataclass(frozen=True)
@@ -153,9 +128,9 @@ class StepPlan:
         grad_compression, topk_ratio, threshold, error_feedback: how gradients cross ranks (engine/reducers.py).
         fusion: `--allreduce_fusion` as parameter indices; () = one fused group; None = auto (buckets by bytes).
         bn_stats: SyncBatchNorm's statistics precision on this device (`precision.bn_stats_precision`).
-        accum_steps, micro_batch: micro-batches per optimizer step on this rank, and each one's size.
-        grad_scale: what this rank's summed micro-batch gradients are multiplied by before the mean over ranks
-            (`plan.BatchLayout.gradient_scale`).
+        accum_steps, micro_batch: micro-batches per batch slot and optimizer step (`--grad_accum_steps`), and each
+            one's size. A rank owning k slots runs k x accum_steps of them, and its gradient scale follows
+            (`plan.BatchLayout.micro_steps`, `gradient_scale`): the only part of the step that depends on the rank.
     """
     amp_level: str
     amp_dtype: str
@@ -168,22 +143,20 @@ class StepPlan:
     accum_steps: int
     micro_batch: int
     bn_stats: str
-    grad_scale: float
 
     def describe_precision(self) -> str:
         amp = self.amp_level if self.amp_level == "O0" else f"{self.amp_level} {self.amp_dtype}"
         return f"amp {amp} | loss scale {self.loss_scale.describe()}"
 
 
-def step_plan(cfg, device_target: str, layout: plan.BatchLayout) -> StepPlan:
-    """The train step's plan on `device_target` (CPU or GPU, resolved) for this rank's part of the batch."""
+def step_plan(cfg, device_target: str, slots: int) -> StepPlan:
+    """The train step's plan on `device_target` (CPU or GPU, resolved) for a global batch cut into `slots`."""
     amp_level = precision.resolve_amp_level(cfg.amp_level, device_target)
     return StepPlan(amp_level, cfg.amp_dtype,
                     precision.loss_scale_plan(cfg.loss_scale, amp_level, cfg.amp_dtype, cfg.grad_compression),
                     cfg.grad_compression, cfg.topk_ratio, cfg.threshold, cfg.error_feedback,
-                    _fusion(cfg.allreduce_fusion), layout.micro_steps(cfg.grad_accum_steps),
-                    micro_batch(cfg, layout.slots), precision.bn_stats_precision(device_target),
-                    layout.gradient_scale(cfg.grad_accum_steps))
+                    _fusion(cfg.allreduce_fusion), cfg.grad_accum_steps, micro_batch(cfg, slots),
+                    precision.bn_stats_precision(device_target))
 
 
 def _fusion(text: str) -> Optional[Tuple[int, ...]]:

@@ -12,12 +12,12 @@ One review, shared by the start-up of `msdist.train` (its warnings logged once, 
   seed's 32 images over 8 GPUs leave 4); a fixed loss scale other than 1 where float16 carries
   gradients stops the run at its first overflow, which a dynamic scale skips instead.
 """
-from typing import List, Optional
+from typing import List
 
 from msdist.base import launch_env
 from msdist.base.errors import ConfigError
 from msdist.engine import precision
-from msdist.run import options
+from msdist.run import options, run_plan
 
 # Below this many images per rank, per-rank BatchNorm statistics are too noisy to train well: the
 # smallest per-GPU batch that torchvision's and timm's ResNet recipes use without SyncBatchNorm.
@@ -62,41 +62,38 @@ def recipe_warnings(plan: options.StepPlan, *, batch_size: int, world_size: int,
     return found
 
 
-def review(cfg, world_size: int, device_target: str) -> List[str]:
+def review(run: run_plan.RunPlan) -> List[str]:
     """The recipe review of one run: refusals raised, warnings returned (the same at start-up and in --plan).
 
     Args:
-        cfg: the training options.
-        world_size: ranks in the job.
-        device_target: the resolved device, CPU or GPU.
+        run: the run plan (`run_plan.resolve`): its world size, resolved device, batch layout and step.
 
     Raises:
         ConfigError: `check_amp_dtype`.
     """
+    step, batch = run.step, run.batch
+    check_amp_dtype(step.amp_level, step.amp_dtype, run.device.target)
     # The original job's micro-batches (its batch layout), which a job that changed its world size keeps.
-    resumed = options.resumed_slots(cfg, world_size)   # one read of the checkpoint resumed
-    slots = options.slots_for(resumed, world_size)
-    plan = options.step_plan(cfg, device_target, options.batch_layout(cfg, slots, slots, 0))
-    check_amp_dtype(plan.amp_level, plan.amp_dtype, device_target)
-    return layout_warnings(cfg, world_size, slots, resumed) + \
-        recipe_warnings(plan, batch_size=cfg.batch_size, world_size=slots, sync_bn=cfg.sync_bn)
+    return layout_warnings(batch, run.world_size, run.model.sync_bn) + \
+        recipe_warnings(step, batch_size=batch.global_batch, world_size=batch.slots, sync_bn=run.model.sync_bn)
 
 
-def layout_warnings(cfg, world_size: int, slots: int, resumed: Optional[int]) -> List[str]:
+def layout_warnings(batch: run_plan.BatchPlan, world_size: int, sync_bn: bool) -> List[str]:
     """Where a job that changed its world size cannot train exactly as the original job did: its BatchNorm
     statistics span other images.
 
     Args:
-        slots: the batch layout now (`options.batch_slots`); resumed: the one the checkpoint recorded, or None.
+        batch: the batch layout now (`slots`) and the one the checkpoint recorded (`resumed_slots`, or None).
     """
     found = []
+    slots, resumed, accum = batch.slots, batch.resumed_slots, batch.grad_accum_steps
     if resumed is not None and resumed < world_size:
         found.append(f"the run resumed was started for {resumed} rank(s) (its batch slots) and grew to {world_size}: "
-                     f"BatchNorm now sees {cfg.batch_size // slots // cfg.grad_accum_steps} images per micro-batch "
-                     f"instead of {cfg.batch_size // resumed // cfg.grad_accum_steps}, not the original job's "
+                     f"BatchNorm now sees {batch.global_batch // slots // accum} images per micro-batch "
+                     f"instead of {batch.global_batch // resumed // accum}, not the original job's "
                      f"training; start a job that may grow with {launch_env.BATCH_SLOTS_VAR} set to the most ranks it "
                      "will have")
-    if cfg.sync_bn and slots != world_size:
+    if sync_bn and slots != world_size:
         found.append(f"--sync_bn true with {slots} batch slots on {world_size} rank(s): each micro-batch's BatchNorm "
                      f"statistics span {world_size} slots' images instead of {slots}, not the original job's training")
     return found

@@ -21,7 +21,7 @@ import argparse
 import logging
 import os
 from dataclasses import dataclass
-from typing import Callable, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 from msdist.base import launch_env
 from msdist.base.errors import ConfigError, alike_on_every_rank
@@ -29,12 +29,13 @@ from msdist.cluster import job, stall
 from msdist.data import pipeline, plan
 from msdist.engine import precision
 from msdist.rank import device, distributed, local_exchange, runtime
-from msdist.run import config, options, recipe
-from msdist.run.options import batch_slots  # `start` has a parameter named options
+from msdist.run import config, options, recipe, run_plan
 
 _logger = logging.getLogger(__name__)
 
 Check = Callable[[argparse.Namespace, int], None]  # (config, world size) -> raises a UserError
+# (config, world size, device) -> the face's plan (`run_plan.resolve`, `run_plan.resolve_eval`)
+Resolver = Callable[[argparse.Namespace, int, device.DevicePlan], Union[run_plan.RunPlan, run_plan.EvalPlan]]
 
 
 # The runtime options every start-up reads (`start`/`join`), for entry points without training options
@@ -45,12 +46,14 @@ RUNTIME_OPTIONS = tuple(o for o in config.TRAIN_OPTIONS
 
 @dataclass(frozen=True)
 class Started:
-    cfg: argparse.Namespace
+    """What start-up hands on: no config namespace (the face's plan holds what the face reads)."""
     launch: launch_env.LaunchEnv
     rt: runtime.RuntimeInfo
-    device: device.DevicePlan   # from the host's files; distributed.init confirms a GPU with MindSpore
+    device: device.DevicePlan   # decided once, from the host's files; distributed.init verifies a GPU with MindSpore
+    deterministic: bool         # --deterministic, which the join gives MindSpore
+    stall: stall.StallPolicy    # the --stall_* options: the join's scheduler, the rank's watchdog
     warnings: Tuple[str, ...] = ()  # the recipe review's (`recipe.review`), logged by rank 0 once logging is up
-    batch_slots: int = 0            # training: the job's batch layout (`options.batch_slots`); 0 for other faces
+    plan: Union[run_plan.RunPlan, run_plan.EvalPlan, None] = None  # the face's, resolved once here (`resolve`)
 
 
 def check_model(cfg, world_size: int) -> None:
@@ -61,11 +64,10 @@ def check_model(cfg, world_size: int) -> None:
 
 
 def check_batch_split(cfg, world_size: int) -> None:
-    """The global batch cut into the job's slots (the checkpoint resumed, or the launcher's: `options.batch_slots`)
-    and each slot into --grad_accum_steps micro-batches, which the ranks can share."""
-    slots = options.batch_slots(cfg, world_size)
-    options.micro_batch(cfg, slots)
-    options.batch_layout(cfg, slots, world_size, 0)
+    """The global batch cut into the job's slots (the checkpoint resumed, or the launcher's: `options.slots_for`)
+    and each slot into --grad_accum_steps micro-batches, which the ranks can share: for a face without a run plan
+    (msdist.launch, `msdist.check --plan`); training's start-up resolves the same batch once, in its plan."""
+    run_plan.resolve_batch(cfg, world_size, os.environ)
 
 
 def check_frozen_backbone(cfg, world_size: int) -> None:
@@ -116,7 +118,8 @@ def check_ckpt(cfg, world_size: int) -> None:
 # What the options alone decide, and what needs this host's files (a launcher on node 0 cannot see node 1's).
 OPTION_CHECKS: Tuple[Check, ...] = (check_model, check_batch_split, check_frozen_backbone)
 PATH_CHECKS: Tuple[Check, ...] = (check_data_dir, check_output_dir, check_resume_path, check_pretrained_path)
-TRAIN_CHECKS: Tuple[Check, ...] = OPTION_CHECKS + PATH_CHECKS
+# Training's batch split is refused by its plan (`run_plan.resolve_batch`), resolved once after these.
+TRAIN_CHECKS: Tuple[Check, ...] = tuple(c for c in OPTION_CHECKS if c is not check_batch_split) + PATH_CHECKS
 EVAL_CHECKS: Tuple[Check, ...] = (check_ckpt, check_model, check_per_rank_batch, check_data_dir, check_output_dir)
 
 
@@ -133,15 +136,15 @@ def compile_cache_path(cfg, world_size: int, device_target: str, slots: int) -> 
     Args:
         device_target: the resolved device (CPU or GPU), never `auto`: a run directory started on CPU
             and resumed on GPU must not find the CPU graph, nor the amp level `auto` resolved there.
-        slots: the job's batch layout (`options.batch_slots`), which shapes the step as the world size does.
+        slots: the job's batch layout (`run_plan.BatchPlan.slots`), which shapes the step as the world size does.
     """
     if not cfg.compile_cache:
         return ""
     # max_steps does not shape the graph: a resume that trains further must find the cache warm.
     graph_options = [o for o in config.TRAIN_OPTIONS if o.name != "max_steps"]
-    return runtime.compile_cache_dir(cfg.output_dir, config.config_hash(cfg, graph_options), world_size,
-                                     options.num_classes(cfg, pipeline.class_map(cfg.data_dir)), device_target,
-                                     precision.resolve_amp_level(cfg.amp_level, device_target), slots)
+    classes = options.num_classes(cfg.num_classes, pipeline.class_map(cfg.data_dir))
+    return runtime.compile_cache_dir(cfg.output_dir, config.config_hash(cfg, graph_options), world_size, classes,
+                                     device_target, precision.resolve_amp_level(cfg.amp_level, device_target), slots)
 
 
 def decide_device(cfg, launch: launch_env.LaunchEnv, probe: device.GpuProbe) -> device.DevicePlan:
@@ -158,12 +161,13 @@ def decide_device(cfg, launch: launch_env.LaunchEnv, probe: device.GpuProbe) -> 
 
 
 def start(argv=None, *, options: Sequence[config.Option] = config.TRAIN_OPTIONS, prog: str = "msdist.train",
-          checks: Sequence[Check] = TRAIN_CHECKS, compile_cache: bool = False, review_recipe: bool = False) -> Started:
+          checks: Sequence[Check] = TRAIN_CHECKS, resolve: Optional[Resolver] = None) -> Started:
     """Steps 1-4: parse, check without MindSpore, set the runtime environment. MindSpore is not loaded yet.
 
     Args:
-        review_recipe: training: resolve the batch layout, refuse a recipe the device cannot run and keep its
-            warnings (`recipe.review`).
+        resolve: the face's options into its plan, once (`run_plan.resolve`, `run_plan.resolve_eval`). A training
+            plan is reviewed (a recipe the device cannot run refused, its warnings kept: `recipe.review`) and keys
+            the compile cache (`compile_cache_path`).
 
     A process that msrun started as MindSpore's scheduler (MS_ROLE=MS_SCHED) serves as the scheduler
     here and exits with the job.
@@ -179,15 +183,18 @@ def start(argv=None, *, options: Sequence[config.Option] = config.TRAIN_OPTIONS,
         raise SystemExit(distributed.run_scheduler_role(launch, stall.StallPolicy.from_options(vars(cfg)), log_dir))
     run_checks(cfg, launch.world_size, checks)
     chosen = decide_device(cfg, launch, device.host_probe(os.environ))
-    slots = batch_slots(cfg, launch.world_size) if review_recipe else 0
-    warnings = tuple(recipe.review(cfg, launch.world_size, chosen.target)) if review_recipe else ()
+    with alike_on_every_rank():  # resolved from the same options and files on every rank
+        face_plan = resolve(cfg, launch.world_size, chosen) if resolve else None
+    run = face_plan if isinstance(face_plan, run_plan.RunPlan) else None
+    warnings = tuple(recipe.review(run)) if run else ()
     rt = runtime.prepare(cfg.verbose, cfg.cpu_isa, launch.local_world_size, local_rank=launch.local_rank,
                          rank=launch.rank, bind_cores=cfg.bind_cores,
                          exchange_key=local_exchange.job_key(launch.launcher, launch.job_id, os.environ),
-                         compile_cache=compile_cache_path(cfg, launch.world_size, chosen.target, slots) if compile_cache
-                         else "",
+                         compile_cache=compile_cache_path(cfg, launch.world_size, chosen.target, run.batch.slots)
+                         if run else "",
                          device_target=chosen.target)
-    return Started(cfg, launch, rt, chosen, warnings, slots)
+    return Started(launch, rt, chosen, cfg.deterministic, stall.StallPolicy.from_options(vars(cfg)), warnings,
+                   face_plan)
 
 
 def join(started: Started, log_dir: str, log_name: str = "rank") -> Tuple[distributed.DistInfo,
@@ -199,10 +206,8 @@ def join(started: Started, log_dir: str, log_name: str = "rank") -> Tuple[distri
             scheduler's log goes there too.
     """
     from msdist.run.logs import setup_logging
-    cfg = started.cfg
     runtime.prepare_to_join(started.rt)  # bound during the join, a rank can miss its registration (issue #34)
-    dist = distributed.init(started.launch, started.device.target, log_dir, cfg.deterministic,
-                            stall.StallPolicy.from_options(vars(cfg)))
+    dist = distributed.init(started.launch, started.device, log_dir, started.deterministic, started.stall)
     runtime.bind_to_cores(started.rt)
     runtime.configure_mindspore(started.rt)
     setup_logging(log_dir, dist.rank, console=dist.is_main, name=log_name)
@@ -216,6 +221,8 @@ def start_standalone(device_target: str = "auto", verbose: bool = False, cpu_isa
     """Steps 4-5 for one process outside any job (predict, export, in-process benchmarks): the environment
     first, then MindSpore's context (graph mode, device) and thread pool. No log file."""
     rt = runtime.prepare(verbose, cpu_isa, 1, bind_cores=False)
-    distributed.init(launch_env.detect_launch({}), device_target, log_dir="", deterministic=deterministic)
+    launch = launch_env.detect_launch({})
+    chosen = device.plan_device(device_target, launch.local_rank, device.host_probe(os.environ))
+    distributed.init(launch, chosen, log_dir="", deterministic=deterministic)
     runtime.configure_mindspore(rt)
     return rt

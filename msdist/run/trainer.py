@@ -26,7 +26,7 @@ from msdist.cluster.preemption import REQUEUE_EXIT
 from msdist.data import pipeline, prefetch
 from msdist.engine import bn_stats, loss_scale, optim, reducers
 from msdist.rank import distributed, preempt_stop
-from msdist.run import checkpoint, config, evaluation, options, resume_point
+from msdist.run import checkpoint, evaluation, resume_point, run_plan
 from msdist.run.background_save import BackgroundSaver
 from msdist.run.build import Data, Model
 from msdist.run.checkpoint_model import model_meta
@@ -63,7 +63,7 @@ class Trainer:
     """One rank's run from its start (fresh or resumed) to its final evaluation.
 
     Args:
-        cfg: the resolved training config.
+        run: the run plan (`run_plan.resolve`, at start-up): schedule, checkpoints, resume rule, output.
         dist, collectives: this rank and the job's host-side collectives.
         data, model: what `build.load_data` and `build.build_model` made.
         beat: this rank's heartbeat (msdist.rank.heartbeat_writer), told what the loop is doing.
@@ -72,16 +72,17 @@ class Trainer:
         flop_rate: the step line's TFLOP/s (`flops.FlopRate`), or None.
     """
 
-    def __init__(self, cfg, dist, collectives, data: Data, model: Model, beat, launch_kind: str,
+    def __init__(self, run: run_plan.RunPlan, dist, collectives, data: Data, model: Model, beat, launch_kind: str,
                  listener: Optional[preempt_stop.Listener] = None, flop_rate=None):
-        self.cfg, self.dist, self.collectives, self.data, self.model = cfg, dist, collectives, data, model
+        self.run, self.dist, self.collectives, self.data, self.model = run, dist, collectives, data, model
+        self.schedule = run.schedule
         self.steps_per_epoch = data.steps_per_epoch
         self.beat, self.launch_kind = beat, launch_kind
-        directory, prefix = options.checkpoint_place(cfg)
-        self.saver = Saver(directory=directory, prefix=prefix, rank=dist.rank, keep=cfg.keep_checkpoint_max,
-                           config_hash=config.config_hash(cfg), net=model.net, train_state=state_parameters(model),
+        place = run.checkpoints
+        self.saver = Saver(directory=place.directory, prefix=place.prefix, rank=dist.rank, keep=place.keep,
+                           config_hash=place.config_hash, net=model.net, train_state=state_parameters(model),
                            collectives=collectives,
-                           meta=model_meta(cfg.model, data.num_classes, cfg.image_size, data.classes,
+                           meta=model_meta(run.model.name, data.num_classes, data.train_input.image_size, data.classes,
                                            model.convention, data.train_input.layout.slots))
         self.background = BackgroundSaver(self.saver, collectives)   # --save_every_steps
         self.watch: Optional[Watch] = None
@@ -97,10 +98,10 @@ class Trainer:
 
     def resume(self) -> Position:
         """Restore the checkpoint `--resume` names (every resumable Parameter); where training continues."""
-        path, rank0s = self.cfg.resume, False
+        path, rank0s = self.run.resume.path, False
         if path == "auto":
             point = resume_point.agree(self.saver.directory, self.saver.prefix, self.dist.rank, self.collectives,
-                                       elastic=options.resume_from_rank0())
+                                       elastic=self.run.resume.from_rank0)
             if point is None:
                 _logger.info("resume auto: no checkpoint in %s yet; starting fresh", self.saver.directory)
                 return Position()
@@ -118,22 +119,23 @@ class Trainer:
 
     def fit(self) -> Outcome:
         """Train from the resumed position to the end (epochs or --max_steps); save and evaluate the last model."""
-        cfg = self.cfg
+        schedule, output = self.schedule, self.run.output
         at = self.resume()
         distributed.check_replicas_identical(self.collectives, self.model.net, "at start")
-        self.watch = Watch.open(epochs=cfg.epochs, steps_per_epoch=self.steps_per_epoch,
-                                global_batch=cfg.batch_size, log_every=cfg.log_every, max_steps=cfg.max_steps,
-                                output_dir=cfg.output_dir, tensorboard=cfg.tensorboard,
+        self.watch = Watch.open(epochs=schedule.epochs, steps_per_epoch=self.steps_per_epoch,
+                                global_batch=self.run.batch.global_batch, log_every=schedule.log_every,
+                                max_steps=schedule.max_steps, output_dir=output.directory,
+                                tensorboard=output.tensorboard,
                                 is_main=self.dist.is_main, world_size=self.dist.world_size,
                                 launch_kind=self.launch_kind, start_step=at.global_step,
                                 collectives=self.collectives, flop_rate=self.flop_rate,
-                                straggler_rule=options.straggler_rule(cfg))
-        self.profiler = StepProfiler.open(options.profile_window(cfg), self.dist.rank, self.dist.device_target,
-                                          cfg.output_dir, at.global_step)
+                                straggler_rule=self.run.watch.stragglers)
+        self.profiler = StepProfiler.open(self.run.watch.profile, self.dist.rank, self.dist.device_target,
+                                          output.directory, at.global_step)
         self.saved_at, metrics = at.global_step, None
         self.stop = preempt_stop.Agreement(self.listener, self.collectives, at.global_step)
         train_start = time.perf_counter()
-        while at.next_epoch(self.steps_per_epoch) < cfg.epochs and not self._reached(at) and not self._preempted:
+        while at.next_epoch(self.steps_per_epoch) < schedule.epochs and not self._reached(at) and not self._preempted:
             at = self._train_epoch(at)
             if at.epoch_complete(self.steps_per_epoch) or not self._preempted:
                 metrics = self._end_epoch(at)  # an epoch's end is on schedule, preempted there or not
@@ -170,11 +172,11 @@ class Trainer:
 
     def _reached(self, at: Position) -> bool:
         """Whether `--max_steps` (0 = no limit) stops training at this position."""
-        return bool(self.cfg.max_steps) and at.global_step >= self.cfg.max_steps
+        return bool(self.schedule.max_steps) and at.global_step >= self.schedule.max_steps
 
     def _due(self, at: Position, every_epochs: int) -> bool:
         """Whether the schedule acts after complete epoch `at.epoch`: every `every_epochs` (0 = never), and the last."""
-        return at.epoch == self.cfg.epochs or bool(every_epochs) and at.epoch % every_epochs == 0
+        return at.epoch == self.schedule.epochs or bool(every_epochs) and at.epoch % every_epochs == 0
 
     def _train_epoch(self, at: Position) -> Position:
         """The optimizer steps of the epoch `at` is in (or begins), from where it stands; stop early at max_steps."""
@@ -227,9 +229,9 @@ class Trainer:
 
     def _save_by_steps(self, at: Position) -> None:
         """Every --save_every_steps steps, off schedule: the loop waits for the in-memory copy only."""
-        every = self.cfg.save_every_steps
+        every = self.schedule.save_every_steps
         if not every or at.global_step % every or at.epoch_complete(self.steps_per_epoch) and (
-                self._due(at, self.cfg.save_every_epochs) or self._due(at, self.cfg.eval_every_epochs)):
+                self._due(at, self.schedule.save_every_epochs) or self._due(at, self.schedule.eval_every_epochs)):
             return  # the schedule acts at this epoch's end at once (and its best file links its own save)
         self.beat.enter(Phase.CHECKPOINT_SAVE, nbytes=self._state_bytes)
         loss_scale.check_finite(self.model.scaler)
@@ -241,8 +243,8 @@ class Trainer:
         """After an epoch's steps: save and evaluate when due; the epoch summary. The evaluation, or None."""
         complete = at.epoch_complete(self.steps_per_epoch)
         # The last epoch's evaluation is the final one, so its epoch summary can show it.
-        metrics = self._save_and_evaluate(at, save=complete and self._due(at, self.cfg.save_every_epochs),
-                                          evaluate=complete and self._due(at, self.cfg.eval_every_epochs))
+        metrics = self._save_and_evaluate(at, save=complete and self._due(at, self.schedule.save_every_epochs),
+                                          evaluate=complete and self._due(at, self.schedule.eval_every_epochs))
         self.beat.enter(Phase.EPOCH_END)   # the epoch's loss summed over ranks: a collective
         loss = float(self.collectives.sum([self.watch.progress.epoch_loss()])[0]) / self.dist.world_size
         self.watch.record(self.watch.progress.end_epoch(loss, metrics))
@@ -252,7 +254,7 @@ class Trainer:
         """Before weights are evaluated or written: stop a fixed-scale run that met an inf or NaN; without sync_bn
         each rank keeps its own BatchNorm statistics, so make them one model (--dist_bn)."""
         loss_scale.check_finite(self.model.scaler, self.model.train_step.finite_weights)
-        bn_stats.unify_bn_stats(self.model.net, self.collectives, self.cfg.dist_bn,
+        bn_stats.unify_bn_stats(self.model.net, self.collectives, self.run.model.dist_bn,
                                 self.model.train_step.slot_stats.others, self.data.train_input.layout.slots)
         if self.model.ema is not None:
             self.model.ema.synchronize(self.collectives)

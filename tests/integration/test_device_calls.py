@@ -26,7 +26,8 @@ def test_set_device_is_the_only_device_id_communication_init_keeps():
 
 def test_distributed_init_sets_the_device_through_set_device():
     """msdist.rank.distributed.init calls mindspore.set_device (mindspore/device_manager.py `set_device`)."""
-    code = ("from msdist.base import launch_env; from msdist.rank import distributed; distributed.init(launch_env.detect_launch({}), 'CPU', ''); "
+    code = ("from msdist.base import launch_env; from msdist.rank import device, distributed; "
+            "distributed.init(launch_env.detect_launch({}), device.DevicePlan('CPU', 'CPU', 'test'), ''); "
             "from mindspore._c_expression import DeviceManagerConf as C; print(C.get_instance().is_device_enable())")
     assert _run(code) == "True"
 

@@ -127,8 +127,8 @@ def test_mpirun_failed_rank_is_named(tmp_path):
 _LATE_RANK = """
 import os, sys, time
 from msdist.base import launch_env
-from msdist.rank import distributed
-dist = distributed.init(launch_env.detect_launch(), "CPU", sys.argv[1])
+from msdist.rank import device, distributed
+dist = distributed.init(launch_env.detect_launch(), device.DevicePlan("CPU", "CPU", "test"), sys.argv[1])
 if dist.rank == 1:
     time.sleep(12)  # still compiling, as far as rank 0 can tell
 total = distributed.Collectives(dist.world_size).sum([float(dist.rank + 1)])[0]

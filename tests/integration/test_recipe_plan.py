@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import REAL_DATA, REPO, base_env, fake_gpu_node, run_msdist, tiny_args
+from conftest import REAL_DATA, REPO, base_env, fake_gpu_node, plan_on, run_msdist, tiny_args
 from msdist.run import config, recipe
 
 
@@ -32,8 +32,8 @@ def test_plan_prints_the_start_up_warnings_on_rank_0_only(tmp_path):
                      **ompi, OMPI_COMM_WORLD_RANK=str(rank), OMPI_COMM_WORLD_LOCAL_RANK=str(rank), PMIX_RANK=str(rank))
         assert proc.returncode == 0, proc.stderr[-2000:]
         warnings = [line for line in proc.stdout.splitlines() if line.startswith(f"[rank {rank}] warning: ")]
-        assert [w.split("warning: ")[1] for w in warnings] == (recipe.review(
-            config.parse(["--config", SEED_CONFIG, "--loss_scale", "1024"]), 8, "GPU") if rank == 0 else [])
+        assert [w.split("warning: ")[1] for w in warnings] == (recipe.review(plan_on(
+            config.parse(["--config", SEED_CONFIG, "--loss_scale", "1024"]), 8, "GPU")) if rank == 0 else [])
 
 
 def test_plan_refuses_bfloat16_on_gpu_in_one_line(tmp_path):

@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, plan_on
 from msdist import check, launch
 from msdist.cluster import preemption
 from msdist.launcher import relay as relay_module
@@ -339,19 +339,19 @@ def test_every_shipped_gpu_spec_trains_a_recipe_without_warnings(nodes, monkeypa
     for where, cmd in specs:
         cfg = _training_config(cmd)
         assert os.path.basename(cfg.config) == "resnet50_fruits360_gpu.yaml", f"{where}: {cmd}"
-        assert recipe.review(cfg, 8, "GPU") == [], f"{where} at 8 GPUs on {nodes} node(s): {cmd}"
+        assert recipe.review(plan_on(cfg, 8, "GPU")) == [], f"{where} at 8 GPUs on {nodes} node(s): {cmd}"
 
 
 def test_the_seed_recipe_at_8_gpus_gets_both_warnings(monkeypatch):
     """The seed's config with its loss_scale 1024 (item 8 removed it from the file; --loss_scale restores it)."""
     monkeypatch.chdir(REPO)
     seed = config.parse(["--config", "configs/resnet50_fruits360.yaml", "--loss_scale", "1024"])
-    bn, scale = recipe.review(seed, 8, "GPU")
+    bn, scale = recipe.review(plan_on(seed, 8, "GPU"))
     assert bn.startswith("BatchNorm sees 4 images per rank (batch_size 32 / 8 ranks)") and "--sync_bn true" in bn
     assert "at least 128" in bn
     assert scale.startswith("float16 gradients with the fixed loss scale 1024") and "--loss_scale auto" in scale
-    assert recipe.review(seed, 1, "GPU") == [scale]  # one rank: BatchNorm sees the whole batch
-    assert recipe.review(seed, 8, "CPU") == [bn]  # float32 on CPU: the scale cannot overflow anything
+    assert recipe.review(plan_on(seed, 1, "GPU")) == [scale]  # one rank: BatchNorm sees the whole batch
+    assert recipe.review(plan_on(seed, 8, "CPU")) == [bn]  # float32 on CPU: the scale cannot overflow anything
 
 
 def _launcher_script(job):

@@ -7,7 +7,8 @@ from msdist.base.errors import ConfigError, DataError
 from msdist.data import pipeline, plan
 from msdist.data.augment import Regularization
 from msdist.engine import optim
-from msdist.run import config, options
+from conftest import plan_on
+from msdist.run import config, options, run_plan
 
 
 def test_every_derived_value_falls_back_only_when_its_option_is_zero():
@@ -17,10 +18,11 @@ def test_every_derived_value_falls_back_only_when_its_option_is_zero():
 
     class Runtime:
         threads_per_rank = 2
-    assert (options.num_classes(derived, classes), options.workers(derived, Runtime), options.eval_batch(derived, 8)) \
-        == (3, 2, 8)
-    assert (options.num_classes(given, classes), options.workers(given, Runtime), options.eval_batch(given, 8)) \
-        == (7, 3, 5)
+    threads = Runtime.threads_per_rank
+    assert (options.num_classes(derived.num_classes, classes), options.workers(derived.num_workers, threads),
+            options.eval_batch(derived, 8)) == (3, 2, 8)
+    assert (options.num_classes(given.num_classes, classes), options.workers(given.num_workers, threads),
+            options.eval_batch(given, 8)) == (7, 3, 5)
 
 
 def test_train_input_is_this_rank_s_share_with_the_options_it_names():
@@ -39,8 +41,12 @@ def test_train_input_is_this_rank_s_share_with_the_options_it_names():
 def test_learning_rates_scale_by_the_world_size_only_with_scale_lr():
     plain, scaled = config.parse(["--lr", "0.1", "--epochs", "2"]), config.parse(["--lr", "0.1", "--epochs", "2",
                                                                                   "--scale_lr", "true"])
-    np.testing.assert_array_equal(options.learning_rates(plain, 4, 3), optim.lr_schedule("constant", 0.1, 2, 3))
-    np.testing.assert_array_equal(options.learning_rates(scaled, 4, 3), optim.lr_schedule("constant", 0.4, 2, 3))
+    np.testing.assert_array_equal(_rates(plain, 4, 3), optim.lr_schedule("constant", 0.1, 2, 3))
+    np.testing.assert_array_equal(_rates(scaled, 4, 3), optim.lr_schedule("constant", 0.4, 2, 3))
+
+
+def _rates(cfg, slots: int, steps_per_epoch: int):
+    return plan_on(cfg, slots, "CPU").schedule.lr.every_step(steps_per_epoch)
 
 
 def test_micro_batch_splits_the_rank_s_share_or_refuses_before_mindspore_loads():
@@ -50,13 +56,11 @@ def test_micro_batch_splits_the_rank_s_share_or_refuses_before_mindspore_loads()
 
 
 def test_step_plan_resolves_precision_for_the_device_and_names_the_step_s_options():
-    cpu = options.step_plan(config.parse(["--batch_size", "16", "--grad_accum_steps", "2"]), "CPU",
-                            plan.BatchLayout(2, 2, 0))
+    cpu = options.step_plan(config.parse(["--batch_size", "16", "--grad_accum_steps", "2"]), "CPU", 2)
     assert (cpu.amp_level, cpu.loss_scale.dynamic, cpu.fusion, cpu.accum_steps, cpu.micro_batch) == ("O0", False, None,
                                                                                                        2, 4)
     assert cpu.describe_precision().startswith("amp O0 | loss scale fixed 1, no per-step overflow check")
-    gpu = options.step_plan(config.parse(["--grad_compression", "fp16", "--allreduce_fusion", "85,160"]), "GPU",
-                            plan.BatchLayout())
+    gpu = options.step_plan(config.parse(["--grad_compression", "fp16", "--allreduce_fusion", "85,160"]), "GPU", 1)
     assert (gpu.amp_level, gpu.loss_scale.dynamic, gpu.grad_compression, gpu.fusion) == ("O2", True, "fp16",
                                                                                          (85, 160))
 
@@ -107,27 +111,30 @@ RESUMED_SLOTS = [
 @pytest.mark.parametrize("writers,recorded,world,variable,slots", RESUMED_SLOTS)
 def test_a_resumed_job_keeps_the_batch_slots_of_its_checkpoint(tmp_path, writers, recorded, world, variable, slots):
     cfg = _run_with_checkpoints(tmp_path, writers, recorded)
-    assert options.batch_slots(cfg, world, {launch_env.BATCH_SLOTS_VAR: variable}) == slots
+    assert run_plan.resolve_batch(cfg, world, {launch_env.BATCH_SLOTS_VAR: variable}).slots == slots
 
 
 def test_a_fresh_job_takes_its_slots_from_the_launcher_or_its_world_size(tmp_path):
     cfg = config.parse(["--output_dir", str(tmp_path), "--resume", "auto"])   # nothing to resume yet
-    assert options.batch_slots(cfg, 2, {}) == 2
-    assert options.batch_slots(cfg, 2, {launch_env.BATCH_SLOTS_VAR: "4"}) == 4
+    assert run_plan.resolve_batch(cfg, 2, {}).slots == 2
+    assert run_plan.resolve_batch(cfg, 2, {launch_env.BATCH_SLOTS_VAR: "4"}).slots == 4
     for bad in ("1", "two", "-4"):
         with pytest.raises(ConfigError, match=f"{launch_env.BATCH_SLOTS_VAR}='{bad}'"):
-            options.batch_slots(cfg, 2, {launch_env.BATCH_SLOTS_VAR: bad})
+            run_plan.resolve_batch(cfg, 2, {launch_env.BATCH_SLOTS_VAR: bad})
 
 
 def test_the_batch_layout_is_said_once_and_shapes_the_step_and_the_schedule():
     cfg = config.parse(["--batch_size", "16", "--lr", "0.1", "--scale_lr", "true", "--epochs", "1"])
     layout = options.batch_layout(cfg, 4, 3, 0)
-    assert options.describe_layout(cfg, layout) == ("batch layout: 4 slots of 4 images on 3 rank(s): 2 or 1 "
-                                                    "micro-batches per step, global batch 16 as the original job")
-    assert options.describe_layout(cfg, options.batch_layout(cfg, 2, 2, 0)) == ""
-    step = options.step_plan(cfg, "CPU", layout)
-    assert (step.accum_steps, step.micro_batch, step.grad_scale) == (2, 4, 3 / 4)
+    run = plan_on(cfg, 3, "CPU", {launch_env.BATCH_SLOTS_VAR: "4"})
+    assert run.batch.describe(layout) == ("batch layout: 4 slots of 4 images on 3 rank(s): 2 or 1 "
+                                          "micro-batches per step, global batch 16 as the original job")
+    assert run.batch.describe(options.batch_layout(cfg, 2, 2, 0)) == ""
+    step = run.step
+    # A rank owning two of the slots runs each slot's micro-batches twice, its gradients scaled to match.
+    assert (layout.micro_steps(step.accum_steps), step.micro_batch, layout.gradient_scale(step.accum_steps)) == \
+        (2, 4, 3 / 4)
     # --scale_lr scales by the original job's ranks (its slots), whatever the world size now.
-    np.testing.assert_array_equal(options.learning_rates(cfg, 4, 3), optim.lr_schedule("constant", 0.4, 1, 3))
+    np.testing.assert_array_equal(run.schedule.lr.every_step(3), optim.lr_schedule("constant", 0.4, 1, 3))
     with pytest.raises(ConfigError, match="--sync_bn true with a batch layout of 4 slots on 3 ranks"):
         options.batch_layout(config.parse(["--sync_bn", "true"]), 4, 3, 1)

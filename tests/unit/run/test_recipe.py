@@ -3,10 +3,10 @@ import os
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, plan_on
 from msdist.base.errors import ConfigError
 from msdist.engine import precision
-from msdist.run import config, options, recipe
+from msdist.run import config, options, recipe, run_plan
 
 
 SEED_CONFIG = os.path.join(REPO, "configs", "resnet50_fruits360.yaml")
@@ -16,7 +16,7 @@ def _warnings(batch_size=1024, world_size=8, grad_accum_steps=1, sync_bn=False, 
               loss_scale="auto", grad_compression="none"):
     scale = precision.loss_scale_plan(loss_scale, amp_level, amp_dtype, grad_compression)
     plan = options.StepPlan(amp_level, amp_dtype, scale, grad_compression, 0.01, 1e-3, True, (), grad_accum_steps,
-                            batch_size // world_size // grad_accum_steps, "float32", 1 / grad_accum_steps)
+                            batch_size // world_size // grad_accum_steps, "float32")
     return recipe.recipe_warnings(plan, batch_size=batch_size, world_size=world_size, sync_bn=sync_bn)
 
 
@@ -73,8 +73,8 @@ def test_bfloat16_on_gpu_is_refused_with_the_reason(amp_level, amp_dtype, device
 def test_review_resolves_amp_auto_per_device():
     cfg = config.parse(["--config", SEED_CONFIG, "--amp_dtype", "bfloat16"])
     with pytest.raises(ConfigError):
-        recipe.review(cfg, 1, "GPU")   # auto = O2 on GPU
-    assert recipe.review(cfg, 1, "CPU") == []  # auto = O0 on CPU
+        recipe.review(plan_on(cfg, 1, "GPU"))   # auto = O2 on GPU
+    assert recipe.review(plan_on(cfg, 1, "CPU")) == []  # auto = O0 on CPU
 
 
 @pytest.mark.parametrize("world,slots,resumed,sync_bn,expected", [
@@ -84,6 +84,7 @@ def test_review_resolves_amp_auto_per_device():
                       "sees 8 images per micro-batch instead of 16"]),
 ])
 def test_a_changed_world_size_warns_where_batchnorm_sees_other_images(world, slots, resumed, sync_bn, expected):
-    cfg = config.parse(["--batch_size", "16", "--sync_bn", str(sync_bn).lower()])
-    found = recipe.layout_warnings(cfg, world, slots, resumed)
+    batch = run_plan.BatchPlan(global_batch=16, slots=slots, resumed_slots=resumed, grad_accum_steps=1,
+                               micro_batch=16 // slots, eval_batch=16 // slots)
+    found = recipe.layout_warnings(batch, world, sync_bn)
     assert len(found) == len(expected) and all(w.startswith(e) for w, e in zip(found, expected)), found

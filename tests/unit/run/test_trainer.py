@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import OLD_OPTIONS, OLD_SINGLE, REPO, tiny_args
+from conftest import OLD_OPTIONS, OLD_SINGLE, REPO, plan_on, tiny_args
 from msdist.engine import optim
 from msdist.run.position import Position
 
@@ -75,15 +75,15 @@ def _trainer(tmp_path, data_dir, *extra):
     """A Trainer built in this process as msdist.train builds it (one rank, CPU)."""
     import mindspore as ms
     from msdist.rank import distributed, runtime
-    from msdist.run import build, config, options
+    from msdist.run import build, config
     from msdist.run.trainer import Trainer
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    cfg = config.parse(tiny_args(data_dir, tmp_path, *extra))
+    run = plan_on(config.parse(tiny_args(data_dir, tmp_path, *extra)), 1, "CPU")
     dist, collectives = distributed.DistInfo(0, 1, 0, "CPU", ""), distributed.Collectives(1)
     rt = runtime.RuntimeInfo("default", "env", 1)
-    build.seed_everything(cfg.seed)
-    data = build.load_data(cfg, dist, collectives, rt, options.batch_slots(cfg, dist.world_size))
-    return Trainer(cfg, dist, collectives, data, build.build_model(cfg, dist, data, rt), beat=None,
+    build.seed_everything(run.seed)
+    data = build.load_data(run, dist, collectives, rt)
+    return Trainer(run, dist, collectives, data, build.build_model(run, dist, data, rt), beat=None,
                    launch_kind="standalone")
 
 
@@ -109,7 +109,6 @@ def test_an_epoch_end_makes_the_ranks_one_model_once_and_its_best_is_the_file_ju
     from msdist.cluster.stall import StallPolicy
     from msdist.rank import heartbeat_writer
     from msdist.run import checkpoint
-    from msdist.run.options import checkpoint_place
     trainer = _trainer(tmp_path, data_dir, "--ema_decay", 0.9, "--epochs", 1)
     os.makedirs(tmp_path / "logs", exist_ok=True)
     trainer.beat = heartbeat_writer.Heartbeat(str(tmp_path / "logs"), 0,
@@ -119,7 +118,7 @@ def test_an_epoch_end_makes_the_ranks_one_model_once_and_its_best_is_the_file_ju
     ema.synchronize = lambda collectives: syncs.append(collectives) or synchronize(collectives)
     outcome = trainer.fit()
     assert len(syncs) == 1 and outcome.metrics["accuracy"] >= 0
-    best = checkpoint.best_path(*checkpoint_place(trainer.cfg), 0)
+    best = checkpoint.best_path(trainer.run.checkpoints.directory, trainer.run.checkpoints.prefix, 0)
     assert outcome.newest.position == outcome.position and os.path.samefile(best, outcome.newest.path)
 
 
