@@ -198,6 +198,11 @@ def findable(name: str, root: str, env: Mapping[str, str]) -> bool:
     return _in_ld_cache(name, root) or any(os.path.exists(os.path.join(d, name)) for d in dirs)
 
 
+def findable_here(name: str) -> bool:
+    """`findable` on this host, in this process's environment (the profiler's CUPTI check)."""
+    return findable(name, "/", os.environ)
+
+
 def is_cuda_stack(name: str) -> bool:
     """A library of the CUDA stack (driver, runtime, cuDNN, NCCL...), which a host must provide."""
     return bool(_CUDA_STACK.match(name))

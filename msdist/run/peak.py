@@ -17,11 +17,14 @@ import subprocess
 import sys
 from typing import Optional
 
+from msdist.rank import isa_probe
 from msdist.run import hardware
 
 _logger = logging.getLogger(__name__)
-_ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 _BENCHMARK = """
+import os
+for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # one thread, before NumPy loads
+    os.environ[name] = "1"
 import time
 import numpy as np
 n = 512
@@ -38,25 +41,13 @@ print(2 * n ** 3 / best)
 
 
 def cache_path() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "msdist", "cpu_peak.json")
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
+    return os.path.join(isa_probe.cache_dir(), "cpu_peak.json")  # beside the ISA probe's verdict
 
 
 def _measure_core() -> Optional[float]:
     """One core's float32 FLOP/s, None when the child process fails (then the run reports no utilisation)."""
     try:
-        out = subprocess.run([sys.executable, "-c", _BENCHMARK], env={**os.environ, **_ONE_THREAD}, check=True,
+        out = subprocess.run([sys.executable, "-c", _BENCHMARK], check=True,
                              capture_output=True, text=True, timeout=120)
         return float(out.stdout.split()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
@@ -67,7 +58,7 @@ def _measure_core() -> Optional[float]:
 def cpu_core_peak() -> Optional[float]:
     """One core's float32 FLOP/s on this host: from the cache, else measured now (about a second) and cached; a
     cache that cannot be written (a read-only home) is skipped and the figure measured for this run only."""
-    path, key = cache_path(), f"{socket.gethostname()} | {_cpu_model()}"
+    path, key = cache_path(), f"{socket.gethostname()} | {isa_probe.cpu_model()}"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         lock = open(path + ".lock", "w", encoding="utf-8")  # pylint: disable=consider-using-with

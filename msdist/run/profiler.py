@@ -19,7 +19,7 @@ the host side only and says so (`activities`).
 import logging
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional, Tuple
+from typing import Optional, Tuple
 
 from msdist.base.errors import ConfigError
 from msdist.rank import gpu_plugin
@@ -67,11 +67,6 @@ class ProfileWindow:
 
     def covers(self, rank: int) -> bool:
         return self.ranks is None or rank in self.ranks
-
-
-def cupti_found(environ: Mapping[str, str] = os.environ, root: str = "/") -> bool:
-    """Whether the dynamic linker would find libcupti.so (LD_LIBRARY_PATH, ld.so.cache, ld.so.conf, defaults)."""
-    return gpu_plugin.findable(CUPTI, root, environ)
 
 
 def activities(device_target: str, cupti: bool) -> Tuple[Tuple[str, ...], str]:
@@ -139,7 +134,7 @@ class StepProfiler:
 
     def _start(self, global_step: int) -> None:
         from mindspore import profiler as ms_profiler
-        names, note = activities(self.device_target, self.device_target == "GPU" and cupti_found())
+        names, note = activities(self.device_target, self.device_target == "GPU" and gpu_plugin.findable_here(CUPTI))
         if note:
             _logger.warning(note)
         steps = self.window.last - global_step + 1

@@ -16,8 +16,8 @@ for name in launcher:
     importlib.import_module(name)
 loaded = {"launcher": launcher, "after_launcher": "mindspore" in sys.modules}
 import msdist.train
-from msdist.run import startup
-started = startup.start(sys.argv[1:], compile_cache=True, review_recipe=True)  # what msdist.train's main does first
+from msdist.run import run_plan, startup
+started = startup.start(sys.argv[1:], resolve=run_plan.resolve)  # what msdist.train's main does first
 loaded["after_startup"] = "mindspore" in sys.modules
 loaded["device"] = started.device.target
 print(json.dumps(loaded))

@@ -4,6 +4,7 @@ import os
 import pytest
 
 from msdist.base.errors import ConfigError
+from msdist.rank import gpu_plugin
 from msdist.run import config, options, profiler
 from msdist.run.profiler import ProfileWindow, StepProfiler
 
@@ -41,8 +42,8 @@ def test_cupti_is_found_where_the_dynamic_linker_looks(tmp_path):
     extras = tmp_path / "usr" / "local" / "cuda" / "extras" / "CUPTI" / "lib64"
     extras.mkdir(parents=True)
     (extras / "libcupti.so").write_bytes(b"")
-    assert not profiler.cupti_found({}, str(tmp_path))
-    assert profiler.cupti_found({"LD_LIBRARY_PATH": "/usr/local/cuda/extras/CUPTI/lib64"}, str(tmp_path))
+    assert not gpu_plugin.findable(profiler.CUPTI, str(tmp_path), {})
+    assert gpu_plugin.findable(profiler.CUPTI, str(tmp_path), {"LD_LIBRARY_PATH": "/usr/local/cuda/extras/CUPTI/lib64"})
 
 
 def test_no_profiler_outside_the_window_or_its_ranks(tmp_path):

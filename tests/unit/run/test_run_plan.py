@@ -30,7 +30,7 @@ START_UP = {"run/config.py", "run/options.py", "run/run_plan.py", "run/startup.p
 FACES = {"check.py", "plan_scale.py", "launch.py"}
 # Where the environment may be read: who this process is, and how the ranks of a job meet (base/cli.py labels a
 # crash with its rank).
-ENVIRONMENT_READERS = ("base/", "cluster/")
+ENVIRONMENT_READERS = ("base/", "cluster/", "launcher/", "rank/")
 
 
 def _namespace_annotation(node) -> bool:
