@@ -24,6 +24,7 @@ A save by steps is off schedule: it changes nothing (no `--dist_bn` unify, no EM
 resumed from it continues the uninterrupted run exactly.
 """
 import logging
+import os
 import threading
 import time
 from typing import List, Optional
@@ -73,16 +74,17 @@ class BackgroundSaver:
         return time.perf_counter() - began
 
     def _write(self, params: List[dict], at: Position) -> None:
-        began = time.perf_counter()
+        began, saver = time.perf_counter(), self.saver
         try:
-            saver = self.saver
             self._written = checkpoint.save(params, saver.directory, saver.prefix, saver.rank, saver.state(at),
                                             saver.meta)
             saver.prune()
             _logger.info("saved %s in the background in %.2f s", self._written.path, time.perf_counter() - began)
+        except (OSError, RuntimeError) as e:  # a failed write (MindSpore raises RuntimeError for some); a user's to fix
+            path = os.path.join(saver.directory, checkpoint.file_name(saver.prefix, saver.rank, at.epoch, at.step))
+            self._error = CheckpointError(f"rank {saver.rank}: background save of global step {at.global_step}: "
+                                          f"{checkpoint.write_failure(path, e)}")
         except BaseException as e:  # noqa: BLE001 - raised again on the main thread by raise_failure()
-            if isinstance(e, CheckpointError):   # a failed write: this rank's one line (checkpoint._write_pair)
-                e = CheckpointError(f"rank {self.saver.rank}: background save of global step {at.global_step}: {e}")
             self._error = e
 
     def raise_failure(self) -> None:

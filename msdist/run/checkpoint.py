@@ -91,27 +91,30 @@ def _write_pair(params: List[dict], path: str, append: Dict, sidecar: Dict) -> N
         ms.save_checkpoint(params, tmp, append_dict=append)
         replace_durably(tmp, path)
         atomic_write_text(f"{path}.json", json.dumps({"sha256": sha256_file(path), **sidecar}), durable=True)
-    except (OSError, RuntimeError) as e:  # MindSpore reports a failed write (ENOSPC, EACCES) as RuntimeError
+    except BaseException:
         # MindSpore's own temporary is `{tmp minus .ckpt}.tmp`; a .ckpt renamed into place without its sidecar too.
         for leftover in glob.glob(f"{glob.escape(tmp[:-len('.ckpt')])}*") + [f"{path}.json.{os.getpid()}.tmp"] + \
                 ([path] if read_sidecar(path) is None else []):
             _remove_quietly(leftover)
-        raise CheckpointError(f"writing checkpoint {path} failed: {first_line(str(e)) or type(e).__name__} "
-                              f"({_free_space(directory)})") from None
+        raise
 
 
-def _free_space(directory: str) -> str:
+def write_failure(path: str, error: BaseException) -> str:
+    """What a failed write of checkpoint `path` says: the file, the error, and the room left where it was written."""
     try:
-        return f"{shutil.disk_usage(directory).free / (1 << 20):.1f} MiB free there"
+        free = f"{shutil.disk_usage(os.path.dirname(path)).free / (1 << 20):.1f} MiB free there"
     except OSError as e:
-        return f"free space unknown: {e.strerror}"
+        free = f"free space unknown: {e.strerror}"
+    return f"writing checkpoint {path} failed: {first_line(str(error)) or type(error).__name__} ({free})"
 
 
 def _remove_quietly(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
+    """Remove the file `path` if it is one (never a directory: not something msdist wrote)."""
+    if os.path.isfile(path) or os.path.islink(path):
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
 
 
 def _contents(state: Dict, meta: Optional[Dict]):
@@ -288,6 +291,7 @@ def remove_temporaries(directory: str, prefix: str, rank: int) -> List[str]:
     mine = glob.escape(f"{prefix}_rank{rank}")
     left = glob.glob(os.path.join(glob.escape(directory), f".{mine}[-_]*.tmp*")) + \
         glob.glob(os.path.join(glob.escape(directory), f"{mine}[-_]*.json.*.tmp"))
+    left = [path for path in left if os.path.isfile(path)]
     for path in left:
         _remove_quietly(path)
     return left

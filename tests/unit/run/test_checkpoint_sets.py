@@ -105,5 +105,7 @@ def test_the_sidecar_records_the_world_size_and_temporaries_are_removed_at_start
     other = tmp_path / ".m_rank0-1_5.ckpt.tmp.ckpt"   # another rank's write may be in flight: not this rank's
     for f in left + [other]:
         f.write_bytes(b"x")
+    folder = tmp_path / ".m_rank1-2_5.ckpt.tmp.ckpt"   # a directory is nothing msdist wrote
+    folder.mkdir()
     assert sorted(checkpoint.remove_temporaries(str(tmp_path), "m", 1)) == sorted(map(str, left))
-    assert other.exists() and os.path.exists(path)
+    assert other.exists() and folder.is_dir() and os.path.exists(path)
