@@ -13,6 +13,9 @@ its files. Rank 0 names the checkpoint chosen and, one line each, the newer ones
   `options.resume_from_rank0`; a rank's own files may be from an older membership): every rank restores rank 0's
   file of it. Gradient-compression residuals are rank-local, so they are dropped (zeros, as at a fresh start)
   and one line says so. `--output_dir` must be storage every rank sees.
+* Some rank has no checkpoint file at all (its saves failed, its files are gone, the job grew), or the job is
+  elastic, and rank 0's newest good file is newer than the newest complete checkpoint: every rank restores that
+  file, as above (`_rank0s_newer`): the job's newest state, never an older one.
 """
 import logging
 from dataclasses import dataclass
@@ -54,18 +57,25 @@ def agree(directory: str, prefix: str, rank: int, collectives, elastic: bool = F
     if rank == 0:
         for key, why in passed:
             _logger.warning("resume auto: passed over %s in %s: %s", key, directory, why)
+    without, newer = _rank0s_newer(directory, prefix, rank, entries, chosen, collectives, elastic)
+    if newer is not None:
+        why = "an elastic job (its membership may have changed)" if elastic else \
+            f"ranks {without} have no checkpoint of their own (the job grew, or their saves failed or files are gone)"
+        return ResumePoint(_every_rank_reads(directory, newer, why, collectives), rank0s=True)
     if chosen is None:
         if keys and rank == 0:
             _logger.warning("resume auto: no complete checkpoint in %s; starting fresh", directory)
         return None
     if rank == 0:
-        first = checkpoint_sets.file_of(entries, chosen, 0)
-        slots = checkpoint_model.stored_meta(first.path).get(checkpoint_model.BATCH_SLOTS_KEY, "unrecorded")
+        slots = checkpoint_model.stored_meta(checkpoint_sets.file_of(entries, chosen, 0).path).get(checkpoint_model.BATCH_SLOTS_KEY, "unrecorded")
         _logger.info("resume auto: chose %s, batch layout %s slots, in %s: the newest complete checkpoint",
                      chosen, slots, directory)
     if not elastic and chosen.world_size >= world:
         return ResumePoint(checkpoint_sets.file_of(entries, chosen, rank), rank0s=False)  # checked good by this rank
-    return ResumePoint(_rank0s_file(directory, entries, chosen, collectives, elastic), rank0s=True)
+    why = "an elastic job (its membership may have changed)" if elastic else \
+        f"ranks {list(range(chosen.world_size, world))} have no checkpoint of their own at {chosen} (the job grew)"
+    return ResumePoint(_every_rank_reads(directory, checkpoint_sets.file_of(entries, chosen, 0), why, collectives),
+                       rank0s=True)
 
 
 def _union(keys: List[Key], collectives) -> List[Key]:
@@ -77,17 +87,39 @@ def _union(keys: List[Key], collectives) -> List[Key]:
     return checkpoint_sets.ordered({Key(int(s), int(w)) for s, w in every if s >= 0}, collectives.world_size)
 
 
-def _rank0s_file(directory: str, entries, chosen: Key, collectives, elastic: bool) -> checkpoint.CheckpointInfo:
-    """Rank 0's file of `chosen`, which every rank restores; one line says why. A collective."""
-    first = checkpoint_sets.file_of(entries, chosen, 0)
+def _rank0s_newer(directory: str, prefix: str, rank: int, entries, chosen: Optional[Key], collectives,
+                  elastic: bool):
+    """(ranks of this job with no checkpoint file at all, rank 0's newest good file when newer than `chosen`).
+
+    Looked for where such a rank exists (its saves failed, its files are gone, the job grew) or the job is elastic
+    (a node lost while it saved): rank 0's newest good file is then the job's newest state (the replicas were
+    checked identical before it was written), though no complete checkpoint holds it. Two collectives.
+    """
+    has_own = collectives.gather([any(e.rank == rank for e in entries)])[:, 0]
+    without = [r for r, has in enumerate(has_own) if not has]
+    if not (without or elastic):
+        return without, None
+    newest = checkpoint.latest_good(directory, prefix, 0) if rank == 0 else None
+    step = int(collectives.gather([newest.position.global_step if newest else -1])[0, 0])
+    if step < 0 or chosen is not None and step <= chosen.global_step:
+        return without, None
+    mine = [e.info for e in entries if e.rank == 0 and e.info.position.global_step == step]
+    return without, (mine[0] if mine else None)
+
+
+def _every_rank_reads(directory: str, first: Optional[checkpoint.CheckpointInfo], why: str,
+                      collectives) -> checkpoint.CheckpointInfo:
+    """Rank 0's file `first` (None where this rank does not see it), which every rank restores; one line says why.
+    A collective.
+
+    Raises:
+        CheckpointError: some rank does not see it.
+    """
     seen = collectives.gather([first is not None])[:, 0]
     if not seen.all():
         blind = [r for r, s in enumerate(seen) if not s]
-        raise CheckpointError(f"ranks {blind} do not see rank 0's file of the checkpoint at {chosen} in "
+        raise CheckpointError(f"ranks {blind} do not see rank 0's checkpoint {first.path if first else ''} in "
                               f"{directory}; put --output_dir on storage every node shares")
-    without = list(range(chosen.world_size, collectives.world_size))
-    why = "an elastic job (its membership may have changed)" if elastic else \
-        f"ranks {without} have no checkpoint of their own at {chosen} (the job grew)"
     _logger.warning("resume auto: %s: every rank resumes from rank 0's newest good checkpoint %s (global step %d); "
                     "rank-local gradient-compression residuals are dropped", why, first.path,
                     first.position.global_step)
