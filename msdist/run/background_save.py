@@ -5,7 +5,15 @@ writes it: the .ckpt to a hidden temporary, fsync, rename, then the sidecar with
 `checkpoint.save` as every checkpoint), then prunes to `keep_checkpoint_max`, which counts every kept
 checkpoint whatever saved it. At most one write is in flight: the next save, and every other save,
 evaluation or exit, first waits for it (`wait`). A rank killed during a write leaves a hidden temporary
-and no sidecar, so the previous checkpoint stays the newest good one.
+(removed at its next start) and no sidecar, so the previous checkpoint stays the newest good one.
+
+The ranks' writes end at different moments, so pruning keeps the newest checkpoint complete on every rank
+until a newer one is (`Saver.prune`): a rank whose write is done never deletes the checkpoint a resume
+needs while another rank's newer write is still in flight, whatever `keep_checkpoint_max`.
+
+A write that fails (a full disk, a quota, permissions) is named by the loop after the step during which it
+failed (`raise_failure`, a flag read, no collective): one line with the rank, the file, the error and the
+room left, and the run stops with a failure status.
 
 The thread runs no collective. Collectives must be called by every rank in the same order from one
 thread, and the background thread's timing differs per rank; the replica check that precedes every
@@ -16,12 +24,14 @@ A save by steps is off schedule: it changes nothing (no `--dist_bn` unify, no EM
 resumed from it continues the uninterrupted run exactly.
 """
 import logging
+import os
 import threading
 import time
 from typing import List, Optional
 
 import numpy as np
 
+from msdist.base.errors import CheckpointError
 from msdist.rank import distributed
 from msdist.run import checkpoint
 from msdist.run.checkpoint_saver import Saver
@@ -64,15 +74,30 @@ class BackgroundSaver:
         return time.perf_counter() - began
 
     def _write(self, params: List[dict], at: Position) -> None:
-        began = time.perf_counter()
+        began, saver = time.perf_counter(), self.saver
         try:
-            saver = self.saver
             self._written = checkpoint.save(params, saver.directory, saver.prefix, saver.rank, saver.state(at),
                                             saver.meta)
-            checkpoint.prune(saver.directory, saver.prefix, saver.rank, saver.keep)
+            saver.prune()
             _logger.info("saved %s in the background in %.2f s", self._written.path, time.perf_counter() - began)
-        except BaseException as e:  # noqa: BLE001 - raised again on the main thread by wait()
+        except (OSError, RuntimeError) as e:  # a failed write (MindSpore raises RuntimeError for some); a user's to fix
+            path = os.path.join(saver.directory, checkpoint.file_name(saver.prefix, saver.rank, at.epoch, at.step))
+            self._error = CheckpointError(f"rank {saver.rank}: background save of global step {at.global_step}: "
+                                          f"{checkpoint.write_failure(path, e)}")
+        except BaseException as e:  # noqa: BLE001 - raised again on the main thread by raise_failure()
             self._error = e
+
+    def raise_failure(self) -> None:
+        """Raise, on the main thread, the failure of the write in flight, if it has failed. After every step.
+
+        Raises:
+            CheckpointError: the write failed (rank, path, error, free space); other exceptions as the write raised.
+        """
+        if self._error is not None:
+            self._thread.join()
+            self._thread = None
+            error, self._error = self._error, None
+            raise error
 
     def wait(self) -> None:
         """Until the write in flight (if any) is complete; its failure is raised here, on the main thread.
@@ -83,8 +108,6 @@ class BackgroundSaver:
         if self._thread is None:
             return
         self._thread.join()
+        self.raise_failure()
         self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
         self.saver.newest = self._written

@@ -9,7 +9,8 @@ File layout in `{output_dir}/ckpt/`:
                                                config_hash are stored inside (append_dict)
     {prefix}_rank{r}-{epoch}_{step}.ckpt.json  sidecar: sha256 of the .ckpt plus a copy of the state,
                                                so listing and ordering never open (or parse names of)
-                                               the big files
+                                               the big files; and `world_size` (since issue 41): which
+                                               files make a complete checkpoint is `checkpoint_sets.py`
     {prefix}_rank{r}_best.ckpt (+ .json)       the model at its best evaluation so far (which one is
                                                best_checkpoint.py's rule); the sidecar adds `accuracy`.
                                                Never pruned. Taken at the position of the
@@ -26,16 +27,17 @@ Training also stores the model's metadata (`checkpoint_model.model_meta`) inside
 same network from the checkpoint alone. The key is part of the file's layout, so it is named here.
 
 A checkpoint counts as good only when its sidecar exists and the sha256 matches. The sidecar is
-renamed into place last, so a crash at any point leaves either a complete pair or an ignorable tmp.
+renamed into place last, so a crash at any point leaves either a complete pair or a hidden tmp, which the
+rank removes at its next start (`remove_temporaries`); a write that fails removes its own.
 """
 import glob
 import hashlib
 import json
 import logging
 import os
-import re
+import shutil
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Collection, Dict, List, Optional
 
 from msdist.base.errors import CheckpointError, first_line
 from msdist.base.files import atomic_write_text, replace_durably
@@ -44,6 +46,7 @@ from msdist.run.position import Position
 _logger = logging.getLogger(__name__)
 
 STATE_KEYS = ("epoch", "step", "global_step", "config_hash")
+WORLD_KEY = "world_size"   # in a training checkpoint's sidecar: how many ranks the job that wrote it had
 # Inside the .ckpt the state is stored under prefixed names: the optimizer's own `global_step`
 # Parameter is saved too, and a bare `global_step` entry would overwrite it.
 _STATE_PREFIX = "msdist_state."
@@ -84,16 +87,41 @@ def _write_pair(params: List[dict], path: str, append: Dict, sidecar: Dict) -> N
     os.makedirs(directory, exist_ok=True)
     # Hidden, and ending in .ckpt because save_checkpoint appends that suffix otherwise.
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.ckpt")
-    # async_save stays off: the rename below must follow a finished write.
-    ms.save_checkpoint(params, tmp, append_dict=append)
-    replace_durably(tmp, path)
-    atomic_write_text(f"{path}.json", json.dumps({"sha256": sha256_file(path), **sidecar}), durable=True)
+    try:
+        # async_save stays off: the rename below must follow a finished write.
+        ms.save_checkpoint(params, tmp, append_dict=append)
+        replace_durably(tmp, path)
+        atomic_write_text(f"{path}.json", json.dumps({"sha256": sha256_file(path), **sidecar}), durable=True)
+    except BaseException:
+        # MindSpore's own temporary is `{tmp minus .ckpt}.tmp`; a .ckpt renamed into place without its sidecar too.
+        for leftover in glob.glob(f"{glob.escape(tmp[:-len('.ckpt')])}*") + [f"{path}.json.{os.getpid()}.tmp"] + \
+                ([path] if read_sidecar(path) is None else []):
+            _remove_quietly(leftover)
+        raise
+
+
+def write_failure(path: str, error: BaseException) -> str:
+    """What a failed write of checkpoint `path` says: the file, the error, and the room left where it was written."""
+    try:
+        free = f"{shutil.disk_usage(os.path.dirname(path)).free / (1 << 20):.1f} MiB free there"
+    except OSError as e:
+        free = f"free space unknown: {e.strerror}"
+    return f"writing checkpoint {path} failed: {first_line(str(error)) or type(error).__name__} ({free})"
+
+
+def _remove_quietly(path: str) -> None:
+    """Remove the file `path` if it is one (never a directory: not something msdist wrote)."""
+    if os.path.isfile(path) or os.path.islink(path):
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
 
 
 def _contents(state: Dict, meta: Optional[Dict]):
     """(append_dict, sidecar) of a checkpoint: its state, and its model metadata when given."""
     append = {_STATE_PREFIX + k: state[k] for k in STATE_KEYS}
-    sidecar = {k: state[k] for k in STATE_KEYS}
+    sidecar = {k: state[k] for k in (*STATE_KEYS, WORLD_KEY) if k in state}
     if meta is not None:
         append[META_KEY] = json.dumps(meta)
         sidecar["meta"] = meta
@@ -189,15 +217,6 @@ def list_checkpoints(directory: str, prefix: str, rank: int) -> List[CheckpointI
     return sorted(found, key=lambda c: c.position.global_step, reverse=True)
 
 
-def ranks_beside(path: str) -> int:
-    """How many ranks' checkpoints at the position of rank file `path` sit in its directory (1 for another name)."""
-    match = re.fullmatch(r"(.+)_rank\d+(-\d+_\d+\.ckpt)", os.path.basename(path))
-    if not match:
-        return 1
-    pattern = f"{glob.escape(match.group(1))}_rank*{glob.escape(match.group(2))}"
-    return len(glob.glob(os.path.join(glob.escape(os.path.dirname(path)), pattern))) or 1
-
-
 def verify(path: str) -> Optional[str]:
     """None when `path` matches its recorded sha256, else the reason it does not."""
     meta = read_sidecar(path)
@@ -214,15 +233,9 @@ def verify(path: str) -> Optional[str]:
     return None
 
 
-def latest_good(directory: str, prefix: str, rank: int, at_most_step: Optional[int] = None) -> Optional[CheckpointInfo]:
-    """The newest checkpoint of this rank that verifies, skipping (with a warning) corrupt ones.
-
-    Args:
-        at_most_step: ignore checkpoints past this global step (used to agree across ranks).
-    """
+def latest_good(directory: str, prefix: str, rank: int) -> Optional[CheckpointInfo]:
+    """The newest checkpoint of this rank that verifies, skipping (with a warning) corrupt ones."""
     for info in list_checkpoints(directory, prefix, rank):
-        if at_most_step is not None and info.position.global_step > at_most_step:
-            continue
         problem = verify(info.path)
         if problem is None:
             return info
@@ -230,14 +243,27 @@ def latest_good(directory: str, prefix: str, rank: int, at_most_step: Optional[i
     return None
 
 
-def prune(directory: str, prefix: str, rank: int, keep: int) -> None:
-    """Delete all but this rank's newest `keep` checkpoints (call after a save is durable)."""
+def prune(directory: str, prefix: str, rank: int, keep: int, spare: Collection[str] = ()) -> None:
+    """Delete all but this rank's newest `keep` checkpoints and the paths in `spare` (the checkpoint a resume would
+    restore, `checkpoint_sets.spared`). Call after a save is durable."""
     for info in list_checkpoints(directory, prefix, rank)[keep:]:
-        for path in (info.path, f"{info.path}.json"):
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                pass
+        if info.path not in spare:
+            _remove_quietly(info.path)
+            _remove_quietly(f"{info.path}.json")
+
+
+def remove_temporaries(directory: str, prefix: str, rank: int) -> List[str]:
+    """Delete the temporaries this rank's interrupted writes left (a kill -9, a power cut); return their paths.
+
+    Call at the start of a run, before this rank writes: the hidden `.ckpt` and link temporaries and the
+    sidecars' (`base.files.atomic_write_text`) of all its checkpoints (numbered, best, EMA)."""
+    mine = glob.escape(f"{prefix}_rank{rank}")
+    left = glob.glob(os.path.join(glob.escape(directory), f".{mine}[-_]*.tmp*")) + \
+        glob.glob(os.path.join(glob.escape(directory), f"{mine}[-_]*.json.*.tmp"))
+    left = [path for path in left if os.path.isfile(path)]
+    for path in left:
+        _remove_quietly(path)
+    return left
 
 
 def load(path: str, expected: Dict[str, tuple], optional_prefixes: tuple = (), resume: bool = False) -> Dict:
@@ -334,8 +360,6 @@ def _check_fits(path: str, params: Dict, expected: Dict[str, tuple]) -> None:
             problems.append(f"{name} is {dtype}{list(shape)}, model needs {want_dtype}{list(want_shape)}")
     if problems:
         raise CheckpointError(f"checkpoint {path} does not fit the model: {'; '.join(problems[:6])}")
-
-
 
 
 def shapes_of(params) -> Dict[str, tuple]:

@@ -14,7 +14,7 @@ from typing import Dict, Optional
 from models import DEFAULT_CONVENTION
 from msdist.base.errors import CheckpointError
 from msdist.data import pipeline
-from msdist.run import checkpoint
+from msdist.run import checkpoint, checkpoint_sets
 
 
 BATCH_SLOTS_KEY = "batch_slots"
@@ -89,12 +89,15 @@ def resume_source(resume: str, directory: str, prefix: str, rank: int) -> str:
     """A checkpoint of the run `--resume` continues, read before the ranks agree on one ("" for a fresh start).
 
     The network and the batch layout are made before the resume reads the tensors, and must be made as that
-    run's were. Every checkpoint of one run shares the metadata, so with `auto` this rank's newest listed one
-    answers.
+    run's were. With `auto`, rank 0's file of the newest checkpoint complete in the directory (the one the ranks
+    will agree on, `resume_point`); where no complete one is seen (each node its own disk), this rank's newest
+    file, or rank 0's (a grown job's new rank has none of its own).
     """
     if resume != "auto":
         return resume
-    # A grown job's new rank has none of its own: it resumes from rank 0's (resume_point).
+    key, entries = checkpoint_sets.newest_seen(directory, prefix)
+    if key is not None:
+        return checkpoint_sets.file_of(entries, key, 0).path
     found = checkpoint.list_checkpoints(directory, prefix, rank) or checkpoint.list_checkpoints(directory, prefix, 0)
     return found[0].path if found else ""
 
@@ -112,7 +115,7 @@ def recorded_slots(path: str, world_size: int) -> int:
     sit beside it at its position; when fewer are there (files copied alone), as this job's, the old behaviour.
     """
     recorded = stored_meta(path).get(BATCH_SLOTS_KEY)
-    return int(recorded) if recorded else max(checkpoint.ranks_beside(path), world_size)
+    return int(recorded) if recorded else max(checkpoint_sets.ranks_beside(path), world_size)
 
 
 def training_state_prefixes() -> tuple:

@@ -3,7 +3,7 @@ import logging
 import os
 from typing import Dict, List, Optional, Sequence
 
-from msdist.run import checkpoint
+from msdist.run import checkpoint, checkpoint_sets
 from msdist.run.best_checkpoint import Best
 from msdist.run.checkpoint import CheckpointInfo
 from msdist.run.checkpoint_model import is_training_state, training_state_prefixes
@@ -46,8 +46,21 @@ class Saver:
         self.best = Best(directory, prefix, rank)
 
     def state(self, at: Position) -> Dict:
-        """What every checkpoint of this run records of position `at` (and the config hash)."""
-        return {"epoch": at.epoch, "step": at.step, "global_step": at.global_step, "config_hash": self.config_hash}
+        """What every checkpoint of this run records of position `at` (and the config hash, and the world size that
+        `checkpoint_sets` tells complete checkpoints by)."""
+        return {"epoch": at.epoch, "step": at.step, "global_step": at.global_step, "config_hash": self.config_hash,
+                checkpoint.WORLD_KEY: self.collectives.world_size}
+
+    def remove_temporaries(self) -> None:
+        """At the start of a run, before any write: remove what this rank's interrupted writes left behind."""
+        for path in checkpoint.remove_temporaries(self.directory, self.prefix, self.rank):
+            _logger.info("removed %s, left by an interrupted checkpoint write", path)
+
+    def prune(self) -> None:
+        """Delete this rank's checkpoints beyond the newest `keep`, never its file of the checkpoint a resume would
+        restore (`checkpoint_sets.spared`)."""
+        spare = checkpoint_sets.spared(self.directory, self.prefix, self.rank, self.collectives.world_size)
+        checkpoint.prune(self.directory, self.prefix, self.rank, self.keep, spare)
 
     def save(self, at: Position) -> CheckpointInfo:
         """Check the replicas agree, write this rank's checkpoint atomically, then prune old ones."""
@@ -56,7 +69,7 @@ class Saver:
         self.newest = checkpoint.save([{"name": p.name, "data": p} for p in self.params], self.directory,
                                       self.prefix, self.rank, self.state(at), self.meta)
         self._share_with_rank0(self.newest.path)
-        checkpoint.prune(self.directory, self.prefix, self.rank, self.keep)
+        self.prune()
         _logger.info("saved %s", self.newest.path)
         return self.newest
 

@@ -186,8 +186,9 @@ TRAIN_OPTIONS = [
     _opt("save_every_steps", int, 0, "also save a checkpoint every N optimizer steps, written by a background "
          "thread (the loop waits only for an in-memory copy); 0 = off", min=0, hashed=False),
     _opt("keep_checkpoint_max", int, 5, "keep the newest N checkpoints of each rank, whatever saved them (epochs, "
-         "steps, a preemption)", min=1, hashed=False),
-    _opt("resume", str, "", "checkpoint PATH to resume from, or 'auto' for this rank's newest good one", hashed=False),
+         "steps, a preemption), and the newest complete one a resume needs", min=1, hashed=False),
+    _opt("resume", str, "", "checkpoint PATH to resume from, or 'auto' for the newest complete checkpoint in "
+         "output_dir", hashed=False),
     _opt("overwrite", boolean, False, "start a new run in an output_dir that holds another run's checkpoints; "
          "the old run's ckpt/, config.yaml, result.json... move to {output_dir}/replaced-<time>/, never deleted",
          hashed=False),

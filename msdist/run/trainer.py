@@ -98,6 +98,7 @@ class Trainer:
 
     def resume(self) -> Position:
         """Restore the checkpoint `--resume` names (every resumable Parameter); where training continues."""
+        self.saver.remove_temporaries()
         path, rank0s = self.run.resume.path, False
         if path == "auto":
             point = resume_point.agree(self.saver.directory, self.saver.prefix, self.dist.rank, self.collectives,
@@ -190,6 +191,7 @@ class Trainer:
             data_s = self.watch.meter.data_ready()
             at = self._train_step(images, labels, at)
             self._report(at, data_s)
+            self.background.raise_failure()  # a failed background write stops the run within a step
             self._save_by_steps(at)
             if self._reached(at) or self._stop_agreed(at):
                 break

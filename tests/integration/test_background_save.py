@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import shutil
+import subprocess
 import sys
 import time
 
@@ -39,10 +40,14 @@ def _hidden_tmp(job, rank, step):
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_kill9_during_a_background_write_leaves_the_previous_checkpoint_newest_and_resumes_exactly(tmp_path, reference):
+@pytest.mark.parametrize("keep", [5, 1])
+def test_kill9_during_a_background_write_leaves_the_previous_checkpoint_newest_and_resumes_exactly(tmp_path, reference,
+                                                                                                   keep):
+    """With --keep_checkpoint_max 1 too (issue 41): rank 0, its write of step 20 done while rank 1's hangs, keeps the
+    epoch-1 checkpoint the ranks can resume from instead of pruning it."""
     if not shutil.which("mpirun"):
         pytest.skip("mpirun is not installed")
-    args = EXACT_ARGS + ["--save_every_steps", str(EVERY)]
+    args = EXACT_ARGS + ["--save_every_steps", str(EVERY), "--keep_checkpoint_max", str(keep)]
     job = Job(tmp_path, "hung", [], args, command=[*mpirun(2), sys.executable, TRAIN_WITH_TEST_MODELS],
               env={**MPI_ENV, "MSDIST_TEST_HANG_WRITE": f"1:{HANG_AT}"})
     deadline = time.monotonic() + 240
@@ -56,6 +61,9 @@ def test_kill9_during_a_background_write_leaves_the_previous_checkpoint_newest_a
     ckpt = os.path.join(job.output_dir, "ckpt")
     newest = [checkpoint.latest_good(ckpt, "resnet_tiny", rank).position.global_step for rank in (0, 1)]
     assert newest == [HANG_AT, 12], newest   # rank 1: the epoch-1 save after the step-10 one, not the half write
+    if keep == 1:
+        assert [c.position.global_step for c in checkpoint.list_checkpoints(ckpt, "resnet_tiny", 0)] == [HANG_AT, 12]
+    assert _hidden_tmp(job, 1, HANG_AT)
     log = open(os.path.join(job.output_dir, "logs", "rank_0.log"), encoding="utf-8").read()
     assert re.search(rf"save by steps at global step {EVERY}: the loop waited [\d.]+ s", log)
     assert "in the background" in log
@@ -64,4 +72,42 @@ def test_kill9_during_a_background_write_leaves_the_previous_checkpoint_newest_a
                   env=MPI_ENV)
     assert resumed.wait() == 0, resumed.stderr()
     assert "global step 12" in open(os.path.join(job.output_dir, "logs", "rank_1.log"), encoding="utf-8").read()
+    log = open(os.path.join(job.output_dir, "logs", "rank_0.log"), encoding="utf-8").read()
+    assert "resume auto: passed over global step 20 (written by 2 ranks)" in log and "ranks [1] have no file" in log
+    assert "resume auto: chose global step 12 (written by 2 ranks), batch layout 2 slots" in log
+    assert not _hidden_tmp(job, 1, HANG_AT)   # removed at the resumed run's start
     assert_same_final_params(resumed, reference)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_background_write_to_a_full_disk_is_named_within_a_step_and_stops_the_job(tmp_path, reference):
+    """A real ENOSPC: the checkpoint folder is a tmpfs with room for the saves of steps 10 and 12 and not those of 20."""
+    if not shutil.which("mpirun") or os.geteuid() != 0:
+        pytest.skip("needs mpirun, and root to mount a tmpfs")
+    assert reference.wait() == 0, reference.stderr()
+    size = os.path.getsize(os.path.join(reference.output_dir, "ckpt", "resnet_tiny_rank0-1_12.ckpt"))
+    mounted = []
+
+    def small_disk(output_dir):
+        os.makedirs(os.path.join(output_dir, "ckpt"))
+        # Steps 10 (2 files) and 12 (2 files while written; then one, the ranks' identical files are linked), and
+        # half of step 20's.
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size * 4.5) + (64 << 10)}", "tmpfs",
+                        os.path.join(output_dir, "ckpt")], check=True)
+        mounted.append(os.path.join(output_dir, "ckpt"))
+    try:
+        job = Job(tmp_path, "full", [], EXACT_ARGS + ["--save_every_steps", str(EVERY), "--log_every", "1"],
+                  command=MPIRUN_TRAIN, env=MPI_ENV, before_start=small_disk)
+        assert job.wait() != 0
+        named = re.findall(r"rank (\d): background save of global step 20: writing checkpoint \S+rank\d-2_8.ckpt "
+                           r"failed: \[Errno 28\] No space left on device \(\d+\.\d MiB free there\)", job.stderr())
+        assert named, job.stderr()[-3000:]
+        for rank in set(named):
+            log = open(os.path.join(job.output_dir, "logs", f"rank_{rank}.log"), encoding="utf-8").read()
+            steps = [(int(e) - 1) * 12 + int(s) for e, s in re.findall(r"epoch (\d+)/\d+ step (\d+)/12 ", log)]
+            assert max(steps) <= 22, steps   # the write began after step 20; named after the step it failed in
+            assert not glob.glob(os.path.join(job.output_dir, "ckpt", f".resnet_tiny_rank{rank}-*"))
+    finally:
+        for path in mounted:
+            subprocess.run(["umount", "-l", path], check=False)
