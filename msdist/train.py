@@ -8,10 +8,11 @@ import os
 import tempfile
 import time
 
-from msdist.cluster import preemption
+from msdist.cluster import announce, preemption
 
 if __name__ == "__main__":  # first, before an import starts a thread (numpy's OpenBLAS pool): preemption.Listener
     preemption.hold_candidates()
+    announce.this_rank()  # a relay above finds this rank by it, however it was started
 
 from msdist.base.cli import cli_main  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.base.errors import ConfigError  # noqa: E402 pylint: disable=wrong-import-position
@@ -80,6 +81,8 @@ def train(started: startup.Started) -> int:
     model = build.build_model(cfg, dist, data, started.rt)
     beat.enter("start-up")  # resume, and the first collectives wait for the ranks still compiling
     outcome = Trainer(cfg, dist, collectives, data, model, beat, launch.kind, listener).fit()
+    if outcome.preempted:  # complete on every rank: said now, as mpirun and msrun kill the others once one exits
+        announce.record(preemption.REQUEUE_EXIT)
     beat.enter("finish")
     if dist.is_main and not outcome.preempted:
         _write_result(cfg, _result(cfg, dist, data, model, outcome), outcome.newest)

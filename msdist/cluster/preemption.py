@@ -4,28 +4,31 @@ MindSpore-free at import. Three pieces, one concern each:
 
 * `parse_signal`: `--preempt_signal NAME` (SIGTERM by default). SIGUSR1 is msdist's stack-dump signal
   (heartbeat.STACK_DUMP_SIGNAL) and SIGINT stays "stop now", so neither can be the preemption signal.
-* `Listener`, inside every rank: the signal is blocked in every thread and received by one thread with
-  `sigwaitinfo`, which tells who sent it. MindSpore ends the ranks of a broken cluster by sending SIGTERM to
-  itself ("Kill this process with SIGTERM", libmindspore_cluster.so calls kill(getpid(), SIGTERM)): a
-  signal whose sender is this very process is that, never a preemption, and ends the rank as it always
-  did. Any other sender (msdist.launch, mpirun's daemon, slurmstepd, the container runtime) asks for a
-  preemption. A second request more than `REPEAT_S` after the first stops the rank at once; one sooner is
-  the same request arriving by two paths (Slurm signals a whole step, and msdist.launch forwards it too).
+  SIGTERM always asks for a save too (`stop_signals`): every scheduler sends it before its kill (Slurm on
+  preemption and scancel, Kubernetes), so `--preempt_signal` adds a signal and never takes SIGTERM away.
+* `Listener`, inside every rank: the stop signals are blocked in every thread and received by one thread
+  with `sigwaitinfo`, which tells who sent them. MindSpore ends the ranks of a broken cluster by sending
+  SIGTERM to itself ("Kill this process with SIGTERM", libmindspore_cluster.so calls kill(getpid(),
+  SIGTERM)): a signal whose sender is this very process is that, never a preemption, and ends the rank as
+  it always did. Any other sender (msdist.launch, mpirun's daemon, slurmstepd, the container runtime) asks
+  for a preemption. A request is one request however often it arrives (Slurm signals a whole step and the
+  launchers pass it on too; an MPIJob's two relays): repeats never interrupt the save. SIGINT stops at once.
 * `Agreement`, the one collective that makes every rank stop at the same step: every rank's flag is
   gathered at check steps, about `CHECK_EVERY_S` of training apart. All ranks compute the next check step
   from the same gathered step times, so they always call it together. Between checks a step costs one
   integer comparison; a check costs one small AllGather (measured 0.32 ms median, 0.51 ms p90, 2 ranks on
   CPU under mpirun), about 0.05% of the second between checks.
 
-The rank then saves a complete checkpoint at that step and exits with `REQUEUE_EXIT`, which msdist.launch,
-the retry script and the sbatch take for "requeue, not failure" (docs/cluster.md).
+The rank then saves a complete checkpoint at that step, waits until every rank's is complete, and exits with
+`REQUEUE_EXIT`, which msdist.launch, the relay, the retry script and the sbatch take for "requeue, not
+failure" (docs/cluster.md).
 """
 import logging
 import os
 import signal
 import threading
 import time
-from typing import Optional, Sequence
+from typing import FrozenSet, Optional, Sequence
 
 from msdist.base.errors import ConfigError
 
@@ -35,7 +38,6 @@ _logger = logging.getLogger(__name__)
 # Not 1 (a crash) nor 2 (a UserError), and not 128+n for any Linux signal n (1..64, so at most 192); at
 # least 128, which the Kubeflow training operators' `restartPolicy: ExitCode` retry (1-127 are permanent).
 REQUEUE_EXIT = 200
-REPEAT_S = 2.0            # a second signal sooner than this is the first one arriving by another path
 CHECK_EVERY_S = 1.0       # training time between two agreement checks
 _MAX_CHECK_STEPS = 10000
 # Signals a scheduler may send ahead of a kill. Faults (SIGSEGV...) and job control are not, and must
@@ -64,6 +66,11 @@ def parse_signal(name: str) -> signal.Signals:
     return sig
 
 
+def stop_signals(sig: int) -> FrozenSet[signal.Signals]:
+    """The signals that ask for a save when `sig` is the --preempt_signal: SIGTERM always, and `sig`."""
+    return frozenset({signal.SIGTERM, signal.Signals(sig)})
+
+
 def check_signal(name: str) -> None:
     """The option's check (config.Option.check)."""
     parse_signal(name)
@@ -78,20 +85,20 @@ def hold_candidates() -> None:
 
 
 class Listener:
-    """Receives this rank's preemption signal on its own thread; `requested` once another process sent it.
+    """Receives this rank's stop signals on its own thread; `requested` once another process sent one.
 
     Needs `hold_candidates()` first. Children inherit the blocked mask too, so a child that must die by
     the signal unblocks it first (`unblock_all`, msdist.cluster.scheduler).
 
     Args:
-        sig: the preemption signal.
+        sig: the --preempt_signal (SIGTERM is taken as well: `stop_signals`).
     """
 
     def __init__(self, sig: signal.Signals):
-        self.sig = sig
+        self.signals = stop_signals(sig)
         self.requested_at: Optional[float] = None
-        signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(CANDIDATES) - {sig})
+        signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(CANDIDATES) - self.signals)
         self._thread = threading.Thread(target=self._run, name="msdist-preemption", daemon=True)
         self._thread.start()
 
@@ -101,22 +108,22 @@ class Listener:
 
     def _run(self) -> None:
         while True:
-            info = signal.sigwaitinfo({self.sig})
-            self.received(info.si_pid)
+            info = signal.sigwaitinfo(self.signals)
+            self.received(info.si_pid, info.si_signo)
 
-    def received(self, sender: int) -> None:
-        """One delivery of the signal, from process `sender`."""
+    def received(self, sender: int, signo: int = signal.SIGTERM) -> None:
+        """One delivery of stop signal `signo`, from process `sender`."""
         if sender == os.getpid():
-            _die_by(self.sig)
+            _die_by(signo)
         elif self.requested_at is None:
             self.requested_at = time.monotonic()
             # Logged: rank 0 says it on the console, every rank in its log (before logging is set up, on stderr).
             _logger.warning("%s from pid %d: saving a checkpoint at the next step all ranks reach, then exiting "
-                            "with %d (requeue); send it again to stop at once", self.sig.name, sender, REQUEUE_EXIT)
-        elif time.monotonic() - self.requested_at > REPEAT_S:
-            _logger.warning("%s again: stopping at once", self.sig.name)
-            logging.shutdown()
-            os._exit(128 + self.sig)  # pylint: disable=protected-access; the main thread is mid-step
+                            "with %d (requeue); Ctrl-C (SIGINT) stops at once", signal.Signals(signo).name, sender,
+                            REQUEUE_EXIT)
+        else:
+            _logger.info("%s from pid %d again: the same request, the save goes on", signal.Signals(signo).name,
+                         sender)
 
 
 def _die_by(sig: int) -> None:
@@ -180,34 +187,32 @@ class Agreement:
 
 
 class Forwarder:
-    """msdist.launch's side: the first preemption signal is passed on to every rank it started, once; a second
-    one (later than REPEAT_S) stops everything at once.
+    """msdist.launch's side: the first stop signal (SIGTERM or --preempt_signal) is passed on to every rank it
+    started, once; repeats are the same request. SIGINT, handled elsewhere, stops everything at once.
 
     The ranks run in their own sessions, so a signal sent to the launcher alone (Kubernetes signals PID 1,
     a terminal its foreground group) would never reach them. Each rank's main process gets it, not its
     process group: dataset workers and helpers must not die before the save.
 
     Args:
-        sig: the preemption signal (`parse_signal`).
-        stop: called, from the signal handler, on the second signal; it raises to stop the job now.
+        sig: the preemption signal (`parse_signal`), the one passed on.
     """
 
-    def __init__(self, sig: signal.Signals, stop):
-        self.sig, self.stop = sig, stop
+    def __init__(self, sig: signal.Signals):
+        self.sig = sig
         self.requested_at: Optional[float] = None
         self._told = set()
 
     def install(self) -> None:
-        signal.signal(self.sig, self._on_signal)
+        for received in stop_signals(self.sig):
+            signal.signal(received, self._on_signal)
 
-    def _on_signal(self, signum, _frame) -> None:
+    def _on_signal(self, _signum, _frame) -> None:
         if self.requested_at is None:
             self.request()
-        elif time.monotonic() - self.requested_at > REPEAT_S:
-            self.stop(signum)
 
     def request(self) -> None:
-        """Preemption asked for without a signal (an elastic job admitting a node: msdist.cluster.elastic)."""
+        """Preemption asked for (also without a signal: an elastic job admitting a node, msdist.cluster.elastic)."""
         self.requested_at = time.monotonic()
 
     def forward(self, pids: Sequence[int]) -> None:

@@ -1,0 +1,51 @@
+"""Ranks announce themselves (msdist/cluster/announce.py) and the relay takes only announced processes below its
+command (msdist/cluster/relay.py): found by announcement, never by command line."""
+import os
+import signal
+import subprocess
+import sys
+
+from msdist.cluster import announce, relay
+
+
+def test_a_rank_announces_its_pid_and_start_time_and_records_its_exit_status(tmp_path, monkeypatch):
+    monkeypatch.setenv(announce.RANKS_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(announce, "_this_rank", {})
+    announce.this_rank()
+    me = announce.announced()[os.getpid()]
+    assert me.alive and me.status is None and me.started == announce.start_time(os.getpid())
+    announce.record(200)
+    assert announce.announced()[os.getpid()].status == 200
+
+
+def test_a_recycled_pid_is_not_the_rank_that_announced_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(announce.RANKS_DIR_ENV, str(tmp_path))
+    (tmp_path / str(os.getpid())).write_text("1")   # another process's start time under this pid
+    assert not announce.announced()[os.getpid()].alive
+
+
+def test_the_relay_takes_announced_processes_below_its_command_only_whatever_their_command_line(tmp_path,
+                                                                                                 monkeypatch):
+    monkeypatch.setenv(announce.RANKS_DIR_ENV, str(tmp_path))
+    announcing = "from msdist.cluster import announce; announce.this_rank(); import time; time.sleep(60)"
+    interpreter = tmp_path / "interp"
+    interpreter.symlink_to(sys.executable)
+    # A wrapper shell over a rank started as `interp -u -X dev -c ...`, and a silent process beside it.
+    command = subprocess.Popen(["sh", "-c", f'"{interpreter}" -u -X dev -c "{announcing}" & sleep 60 & wait'],
+                               env=dict(os.environ, PYTHONPATH=os.getcwd()), start_new_session=True)
+    elsewhere = subprocess.Popen([sys.executable, "-c", announcing], env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    try:
+        found = {}
+        for _ in range(200):
+            found = relay.ranks_below(command.pid)
+            if found and len(announce.announced()) == 2:
+                break
+            subprocess.run(["sleep", "0.05"], check=True)
+        [(pid, rank)] = found.items()
+        assert rank.alive and pid not in (command.pid, elsewhere.pid)   # neither the shell nor another tree's rank
+        assert relay.mpiruns_below(command.pid, signal.SIGUSR2) == []
+    finally:
+        os.killpg(command.pid, signal.SIGKILL)
+        elsewhere.kill()
+        command.wait()
+        elsewhere.wait()
