@@ -5,6 +5,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from msdist.cluster import announce, relay
 
 
@@ -49,3 +51,33 @@ def test_the_relay_takes_announced_processes_below_its_command_only_whatever_the
         elsewhere.kill()
         command.wait()
         elsewhere.wait()
+
+
+_FAKE_RANK = """
+import signal, sys, time
+from msdist.cluster import announce
+announce.this_rank()
+def stop(*_):
+    if sys.argv[1] == "saves":
+        announce.record(200)
+    sys.exit(200 if sys.argv[1] == "saves" else 1)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})   # the relay starts its command shielded
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("rank, status", [("saves", 200), ("fails", 1)])
+def test_the_relay_exits_200_only_when_every_rank_it_told_recorded_200(tmp_path, rank, status):
+    """A rank records 200 once the checkpoint is complete on every rank (msdist.train); a rank that ends without
+    it (a failed save, a kill) makes the relay exit with a failure, naming it."""
+    env = dict(os.environ, PYTHONPATH=os.getcwd(), **{announce.RANKS_DIR_ENV: str(tmp_path)})
+    proc = subprocess.Popen([sys.executable, "-m", "msdist.cluster.relay", "--", "sh", "-c",
+                             f'"{sys.executable}" -c \'{_FAKE_RANK}\' {rank}'], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == status, err
+    assert "told ranks [" in err and ("FAILED: the ranks did not all save" in err) == (status == 1)
