@@ -218,8 +218,9 @@ case "$*" in *msdist.train*|*--max_restarts*)
     # The training step: saves on SIGUSR2 (the ranks' --preempt_signal) or SIGTERM and exits with the requeue
     # status. Under the relay it stands for mpirun, which the relay starts with SIGTERM blocked (bash, unlike
     # dash, keeps the mask it inherits, as mpirun does).
-    trap 'echo "step got USR2" >> "$STUB_LOG"; exit 200' USR2
-    trap 'echo "step got TERM" >> "$STUB_LOG"; exit 200' TERM
+    # A repeat (Slurm signals the step, the batch shell passes it on) is the same request, as in srun and msdist.
+    trap 'trap "" TERM USR2; echo "step got USR2" >> "$STUB_LOG"; exit 200' USR2
+    trap 'trap "" TERM USR2; echo "step got TERM" >> "$STUB_LOG"; exit 200' TERM
     touch "$STUB_LOG.running"
     while :; do sleep 0.1; done;;
 esac
