@@ -8,10 +8,12 @@ import os
 import tempfile
 import time
 
+from msdist.cluster import announce
 from msdist.rank import preempt_stop
 
 if __name__ == "__main__":  # first, before an import starts a thread (numpy's OpenBLAS pool): preempt_stop.Listener
     preempt_stop.hold_candidates()
+    announce.this_rank()  # a relay above finds this rank by it, however it was started
 
 from msdist.base.cli import cli_main  # noqa: E402 pylint: disable=wrong-import-position
 from msdist.base.errors import ConfigError  # noqa: E402 pylint: disable=wrong-import-position
@@ -86,6 +88,8 @@ def train(started: startup.Started) -> int:
     initial_weights = distributed.params_checksum(model.net)  # before any resume: result.json's pairing
     beat.enter(Phase.START_UP)  # resume, and the first collectives wait for the ranks still compiling
     outcome = Trainer(run, dist, collectives, data, model, beat, launch.kind, listener, rate).fit()
+    if outcome.preempted:  # complete on every rank: said now, as mpirun and msrun kill the others once one exits
+        announce.record(preemption.REQUEUE_EXIT)
     beat.enter(Phase.FINISH)
     if dist.is_main and not outcome.preempted:
         result = {**_result(run, dist, data, model, outcome, initial_weights),

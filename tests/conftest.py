@@ -85,6 +85,22 @@ def mpirun(n: int) -> list:
     return ["mpirun", "-n", str(n), "--oversubscribe"]
 
 
+def processes_below(root: int) -> list:
+    """`root` and every live process under it: what Slurm signals on a preemption or scancel (a whole step)."""
+    parents = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                parents[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except OSError:
+            pass
+    found, frontier = {root}, {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return sorted(found)
+
+
 def run_msdist(module: str, args: list, ranks: int = 1, timeout: int = 300, check: bool = True,
                env: dict = None) -> subprocess.CompletedProcess:
     """Run `python -m msdist.<module> args`, under `mpirun -n ranks` when ranks > 1.

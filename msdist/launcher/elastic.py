@@ -295,7 +295,7 @@ class _Watch:
         self.elastic, self.peers, self.view, self.pending = elastic, elastic.peers, view, announce
         self.admitting = False
         self.seen_gone: Dict[str, str] = {}
-        self._save = Forwarder(elastic.plan.preempt_signal, None)
+        self._save = Forwarder(elastic.plan.preempt_signal)
         self._rank0_log = rank_log_path(elastic.plan.log_dir, 0)
         self._offset = os.path.getsize(self._rank0_log) if os.path.exists(self._rank0_log) else 0
 

@@ -4,38 +4,36 @@ import signal
 import time
 from typing import Optional, Sequence
 
-from msdist.cluster.preemption import REPEAT_S
+from msdist.cluster.preemption import stop_signals
 
 
 class Forwarder:
-    """msdist.launch's side: the first preemption signal is passed on to every rank it started, once; a second
-    one (later than REPEAT_S) stops everything at once.
+    """msdist.launch's side: the first stop signal (SIGTERM or --preempt_signal) is passed on to every rank it
+    started, once; repeats are the same request. SIGINT, handled elsewhere, stops everything at once.
 
     The ranks run in their own sessions, so a signal sent to the launcher alone (Kubernetes signals PID 1,
     a terminal its foreground group) would never reach them. Each rank's main process gets it, not its
     process group: dataset workers and helpers must not die before the save.
 
     Args:
-        sig: the preemption signal (`parse_signal`).
-        stop: called, from the signal handler, on the second signal; it raises to stop the job now.
+        sig: the preemption signal (`parse_signal`), the one passed on.
     """
 
-    def __init__(self, sig: signal.Signals, stop):
-        self.sig, self.stop = sig, stop
+    def __init__(self, sig: signal.Signals):
+        self.sig = sig
         self.requested_at: Optional[float] = None
         self._told = set()
 
     def install(self) -> None:
-        signal.signal(self.sig, self._on_signal)
+        for received in stop_signals(self.sig):
+            signal.signal(received, self._on_signal)
 
-    def _on_signal(self, signum, _frame) -> None:
+    def _on_signal(self, _signum, _frame) -> None:
         if self.requested_at is None:
             self.request()
-        elif time.monotonic() - self.requested_at > REPEAT_S:
-            self.stop(signum)
 
     def request(self) -> None:
-        """Preemption asked for without a signal (an elastic job admitting a node: msdist.launcher.elastic)."""
+        """Preemption asked for (also without a signal: an elastic job admitting a node, msdist.launcher.elastic)."""
         self.requested_at = time.monotonic()
 
     def forward(self, pids: Sequence[int]) -> None:

@@ -7,11 +7,12 @@ running `python -m msdist.train`. MindSpore-free; msdist/launch.py parses and ch
   fails the attempt: every other process is stopped within seconds, and one line names the rank, how it
   failed and the last epoch/step it reported, followed by the tail of its traceback;
 * with `--max_restarts K` it then restarts all ranks with `--resume auto`, up to K times;
-* the preemption signal (--preempt_signal, SIGTERM by default) is passed on to every rank, which saves at
-  one agreed step and exits with preemption.REQUEUE_EXIT; the launcher then exits with that status and
-  does not restart (msdist.cluster.preemption). A second one, SIGINT, or SIGTERM when it is not the
-  preemption signal stops every process it started at once; each worker also gets SIGKILL from the kernel
-  if the launcher itself dies (PR_SET_PDEATHSIG), so no path leaves orphans behind.
+* SIGTERM and the preemption signal (--preempt_signal) are passed on to every rank, which saves at one
+  agreed step and exits with preemption.REQUEUE_EXIT; once every rank did, the launcher exits with that
+  status and does not restart (msdist.cluster.preemption). A signal between attempts ends the job with
+  that status too: it is where a requeue continues. Repeats are the same request. SIGINT stops every
+  process it started at once; each worker also gets SIGKILL from the kernel if the launcher itself dies
+  (PR_SET_PDEATHSIG), so no path leaves orphans behind.
 
 Two watches on the heartbeats (msdist.cluster.heartbeat), which msdist.train writes from before cluster
 init, both under the one stall policy (msdist.cluster.stall) the ranks' own watchdogs obey elsewhere:
@@ -91,10 +92,14 @@ class Plan:
 
 # ---------------------------------------------------------------- processes
 
-def _die_with_launcher() -> None:
-    """Runs in each worker before exec: the kernel kills it if the launcher dies, even by SIGKILL."""
-    # Without it (not glibc) SIGTERM/Ctrl-C cleanup still works; only a launcher SIGKILL could orphan.
-    rendezvous.set_parent_death_signal(signal.SIGKILL)
+def _worker_preexec(stop_signals) -> Callable[[], None]:
+    """What runs in each worker before exec: the kernel kills it if the launcher dies, even by SIGKILL (without
+    it, not glibc, only a launcher SIGKILL could orphan), and the stop signals wait, blocked, for its
+    preempt_stop.Listener: one passed on while its interpreter starts asks for a save, not its death."""
+    def preexec() -> None:
+        rendezvous.set_parent_death_signal(signal.SIGKILL)
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    return preexec
 
 
 @dataclass
@@ -133,7 +138,7 @@ def _spawn_worker(plan: Plan, local_rank: int, host: str, port: int, train_args:
         # Own session: the whole tree (dataset workers included) can be signalled as one group.
         proc = subprocess.Popen([sys.executable, "-m", "msdist.train", *train_args], env=env, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True,
-                                preexec_fn=_die_with_launcher)
+                                preexec_fn=_worker_preexec(preemption.stop_signals(plan.preempt_signal)))
     finally:
         if out is not None:
             out.close()
@@ -260,8 +265,7 @@ def run_attempt(plan: Plan, train_args: List[str], attempt: int, joined: Dict[st
             if stall is not None:
                 _dump_stacks(workers, plan.log_dir, stall.line())
                 return Failure(stall.rank, "stalled", stall.culprit.beat, stalled=True, stall=stall)
-            if all(w.proc.poll() is not None for w in workers) and \
-                    any(w.proc.poll() == preemption.REQUEUE_EXIT for w in workers):
+            if all(w.proc.poll() == preemption.REQUEUE_EXIT for w in workers):
                 return _requeue(workers)
             if all(w.proc.poll() == 0 for w in workers):
                 # The work is done: the scheduler is stopped in `finally` without waiting for it, as
@@ -357,9 +361,10 @@ def supervise(plan: Plan, forwarder: Forwarder) -> int:
             # that holds another run's checkpoints).
             say("not restarting: fix the error above first")
             return 1
-        if forwarder.requested_at is not None:
-            say("not restarting: the job is being preempted")
-            return 1
+        if forwarder.requested_at is not None:  # a restart would resume where a requeue does
+            say(f"not restarting: the job is being preempted; it continues from the newest complete checkpoint "
+                f"(exit {preemption.REQUEUE_EXIT})")
+            return preemption.REQUEUE_EXIT
     spent = f" after {plan.max_restarts} restart(s)" if plan.max_restarts else ""
     # MindSpore ends ranks whose peer on another node vanished (~30 s), so the cause may be elsewhere.
     elsewhere = "; with several nodes the first failure may be on another node: see its launcher" \
@@ -377,17 +382,16 @@ def _raise_stop(signum, _frame=None):
 
 def run(plan: Plan, supervisor: Callable[[Plan, Forwarder], int] = supervise) -> int:
     """Supervise the job `plan` describes until it ends (with `supervisor`: elastic.supervise for --nnodes MIN:MAX);
-    the preemption signal is passed on to the ranks, a second one, Ctrl-C (or SIGTERM when it is not the
-    preemption signal) stop every process it started."""
+    SIGTERM and the preemption signal are passed on to the ranks (repeats are the same request), Ctrl-C stops
+    every process it started."""
     # MindSpore's cluster accepts only literal IPs: a host name is resolved here, once, for every rank.
     # Other nodes may start before node 0's name is in DNS (Kubernetes), so they retry for a few seconds.
     plan = dataclasses.replace(plan, master_addr=rendezvous.resolve_host(
         plan.master_addr, "--master_addr", retry_s=_RESOLVE_RETRY_S if plan.node_rank else 0.0))
     # Scheduler and workers inherit it: a rank that never registers ends the attempt at the latest then.
     os.environ.update(rendezvous.topo_timeout_env(plan.stall.stall_startup_timeout))
-    signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
-    forwarder = Forwarder(plan.preempt_signal, _raise_stop)
+    forwarder = Forwarder(plan.preempt_signal)
     forwarder.install()
     try:
         return supervisor(plan, forwarder)

@@ -158,12 +158,17 @@ class Trainer:
         return self.stop.agreed_step is not None
 
     def _save_preempted(self, at: Position, train_start: float, train_seconds: float) -> Outcome:
-        """Every rank agreed to stop at `at`: save the training state as it is, unless the schedule just did."""
+        """Every rank agreed to stop at `at`: save the training state as it is, unless the schedule just did, and
+        wait until every rank's checkpoint is complete."""
         if at.global_step != self.saved_at:
             self.beat.enter(Phase.CHECKPOINT_SAVE, nbytes=self._state_bytes)
             loss_scale.check_finite(self.model.scaler)  # never write weights a fixed scale has made inf or NaN
             self._write(at)
         self.background.wait()
+        # Every rank's file is on disk before any rank exits 200: a relay or launcher that sees 200 from its own
+        # ranks knows the checkpoint is complete everywhere. A rank whose save failed never arrives here, and
+        # the others end with MindSpore's lost-peer error instead of 200.
+        self.collectives.sum([1.0])
         self.watch.close()
         _logger.warning("preempted: the ranks agreed on global step %d; checkpoint complete %.1f s after the "
                         "signal; exiting with %d (requeue)", at.global_step,

@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-from conftest import REPO, plan_on
+from conftest import REPO, plan_on, processes_below
 from msdist import check, launch
 from msdist.cluster import preemption
 from msdist.launcher import relay as relay_module
@@ -160,7 +160,7 @@ def test_sbatch_is_valid_bash_with_mpirun_and_srun_paths():
     subprocess.run(["bash", "-n", SBATCH], check=True)
     text = _read(SBATCH)
     assert re.search(r"^#SBATCH --nodes=\d+$", text, re.M) and re.search(r"^#SBATCH --ntasks-per-node=\d+$", text, re.M)
-    assert re.search(r"^\s*(run_step )?mpirun .*\\\n\s*python -m msdist\.train ", text, re.M)
+    assert re.search(r"^\s*(run_step )?(relayed )?mpirun .*\\\n\s*python -m msdist\.train ", text, re.M)
     assert re.search(r"^\s*(run_step )?srun .*\n\s*bash -c 'python -m msdist\.launch ", text, re.M)
 
 
@@ -212,12 +212,15 @@ def test_sbatch_runs_the_plan_first_under_each_launcher(tmp_path):
     assert all("--config configs/resnet50_fruits360.yaml " in line for line in cpu)
 
 
-_STEP_UNTIL_USR2 = """#!/bin/sh
+_STEP_UNTIL_SIGNALLED = """#!/bin/bash
 echo "$(basename "$0") $*" >> "$STUB_LOG"
-[ "$(basename "$0")" = scontrol ] && printf 'node-0\\nnode-1\\n'
 case "$*" in *msdist.train*|*--max_restarts*)
-    # The training step: saves on SIGUSR2 (the ranks' --preempt_signal) and exits with the requeue status.
-    trap 'echo "step got USR2" >> "$STUB_LOG"; exit 200' USR2
+    # The training step: saves on SIGUSR2 (the ranks' --preempt_signal) or SIGTERM and exits with the requeue
+    # status. Under the relay it stands for mpirun, which the relay starts with SIGTERM blocked (bash, unlike
+    # dash, keeps the mask it inherits, as mpirun does).
+    # A repeat (Slurm signals the step, the batch shell passes it on) is the same request, as in srun and msdist.
+    trap 'trap "" TERM USR2; echo "step got USR2" >> "$STUB_LOG"; exit 200' USR2
+    trap 'trap "" TERM USR2; echo "step got TERM" >> "$STUB_LOG"; exit 200' TERM
     touch "$STUB_LOG.running"
     while :; do sleep 0.1; done;;
 esac
@@ -225,32 +228,54 @@ exit 0
 """
 
 
+# How Slurm stops a job, as the batch script sees it: (signals, to whom, whether the script requeues the job).
+_SLURM_STOPS = {
+    "time_limit": ([signal.SIGUSR2], "shell", True),                      # --signal=B:USR2@120
+    "preemption": ([signal.SIGTERM], "job", False),                      # PreemptMode decides the requeue
+    "scancel": ([signal.SIGCONT, signal.SIGTERM], "job", False),         # a cancelled job stays cancelled
+    "shell_only_sigterm": ([signal.SIGTERM], "shell", False),            # scancel --batch: passed on by the trap
+}
+
+
 @pytest.mark.parametrize("launcher", ["mpirun", "srun", "msdist"])
-def test_sbatch_passes_sigusr2_on_to_the_step_and_requeues_on_its_status(tmp_path, launcher):
-    """Slurm's --signal=B:USR2@120 reaches the batch shell only: the sbatch traps it, passes it on to the
-    training step (stub mpirun / srun: real processes that exit 200 on SIGUSR2) and requeues the job."""
+@pytest.mark.parametrize("stop", list(_SLURM_STOPS))
+def test_sbatch_saves_on_every_slurm_stop_and_requeues_only_after_the_time_limit(tmp_path, launcher, stop):
+    """Slurm's --signal=B:USR2@120 reaches the batch shell only: the sbatch traps it, passes it on to the training
+    step and requeues the job on its 200. A preemption or scancel sends SIGTERM to every process of the job: the
+    step saves (200) and the script does not requeue. Stub mpirun / srun: real processes that exit 200 when
+    signalled; the mpirun step runs under the real relay, which blocks SIGTERM in mpirun and passes SIGUSR2 on."""
     text = _read(SBATCH)
     assert "#SBATCH --signal=B:USR2@120" in text and "#SBATCH --requeue" in text
+    signals, whom, requeued = _SLURM_STOPS[stop]
     stubs = tmp_path / "bin"
     stubs.mkdir()
-    for name in ("scontrol", "srun", "mpirun"):
-        (stubs / name).write_text(_STEP_UNTIL_USR2)
+    for name, stub in (("scontrol", _STUB), ("srun", _STEP_UNTIL_SIGNALLED), ("mpirun", _STEP_UNTIL_SIGNALLED)):
+        (stubs / name).write_text(stub)
         (stubs / name).chmod(0o755)
     log = tmp_path / "calls.log"
     slurm = {"SLURM_JOB_NODELIST": "node-[0-1]", "SLURM_NTASKS_PER_NODE": "4", "SLURM_NNODES": "2",
              "SLURM_NTASKS": "8", "SLURM_CPUS_PER_TASK": "8", "SLURM_JOB_ID": "1234"}
     batch = subprocess.Popen(["bash", SBATCH], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env={"PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}", "STUB_LOG": str(log),
-                                  "LAUNCHER": launcher, **slurm})
+                                  "LAUNCHER": launcher, "PYTHONPATH": REPO, **slurm})
     deadline = time.monotonic() + 30
     while not os.path.exists(f"{log}.running") and time.monotonic() < deadline:
         time.sleep(0.1)
-    batch.send_signal(signal.SIGUSR2)
+    time.sleep(0.5)   # the step's traps are set right after it marks itself running
+    for sig in signals:
+        for pid in (processes_below(batch.pid) if whom == "job" else [batch.pid]):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
     out, _ = batch.communicate(timeout=30)
     calls = log.read_text()
-    assert batch.returncode == 200, out
-    assert "step got USR2" in calls and "scontrol requeue 1234" in calls, calls
+    assert batch.returncode == 200, out + calls
+    assert "step got" in calls, calls
+    assert ("scontrol requeue 1234" in calls) == requeued, calls
     assert "--preempt_signal SIGUSR2" in calls
+    if launcher == "mpirun":   # SIGTERM never reached mpirun: the relay passed the request on as SIGUSR2
+        assert "step got TERM" not in calls and "odls_base_sigkill_timeout" in calls, calls
 
 
 def test_dockerfile_installs_openmpi_and_msdist_from_paths_that_exist():
@@ -268,7 +293,8 @@ def test_deploy_has_commands_for_every_engine():
     modules = [(path, cmd.split()[2]) for path, cmd in deploy_commands()]
     assert ("deploy/k8s/mpijob.yaml", "msdist.train") in modules
     assert ("deploy/k8s/launch-job.yaml", "msdist.launch") in modules
-    assert {m for p, m in modules if p == "deploy/slurm/train.sbatch"} == {"msdist.check", "msdist.train", "msdist.launch"}
+    assert {m for p, m in modules if p == "deploy/slurm/train.sbatch"} == {"msdist.check", "msdist.train", "msdist.launch",
+                                                                          "msdist.launcher.relay"}
 
 
 @pytest.mark.parametrize("where, cmd", deploy_commands(), ids=lambda v: v if "/" in v and " " not in v else None)
@@ -288,6 +314,9 @@ def _expand(cmd):
 def test_commands_use_options_msdist_accepts(cmd, monkeypatch):
     monkeypatch.chdir(REPO)  # --config paths are relative to the repository root
     module, *args = shlex.split(_expand(cmd))[2:]
+    if module == "msdist.launcher.relay":   # the sbatch's `relayed` wraps mpirun: its own options only
+        assert relay_module._parse(args + ["mpirun"])[0] == signal.SIGUSR2  # pylint: disable=protected-access
+        return
     if module == "msdist.train":
         cfg = config.parse(args)
     elif module == "msdist.check":
@@ -333,7 +362,7 @@ def test_every_shipped_gpu_spec_trains_a_recipe_without_warnings(nodes, monkeypa
     """sbatch (mpirun, srun, msdist.launch; DEVICE=CPU excepted), both manifests and the scripts' GPU usage lines,
     resolved at 8 GPUs: no BatchNorm starved of images, no fixed loss scale under float16, bfloat16 not refused."""
     monkeypatch.chdir(REPO)
-    specs = deploy_commands() + gpu_script_commands()
+    specs = [spec for spec in deploy_commands() if "msdist.launcher.relay" not in spec[1]] + gpu_script_commands()
     assert {path for path, _ in specs} >= {"deploy/slurm/train.sbatch", "deploy/k8s/mpijob.yaml",
                                             "deploy/k8s/launch-job.yaml", "scripts/run_distribute_train.sh"}
     for where, cmd in specs:
