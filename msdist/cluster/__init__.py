@@ -8,5 +8,6 @@
 - stall: the one `StallPolicy` and its `--stall_*` option family
 - phases: `Phase`, what a rank's main thread is doing: written into its heartbeat, read by the stall policy
 - heartbeat: each rank's progress file, its format and reader, and the stall verdict read from all of them
-- preemption: `--preempt_signal`, the signals a scheduler may send, `REQUEUE_EXIT`
+- preemption: SIGTERM always and `--preempt_signal`, the signals a scheduler may send, `REQUEUE_EXIT`
+- announce: the pid files ranks announce themselves with, by which the relay finds them, and their exit status
 """

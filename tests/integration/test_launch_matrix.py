@@ -1,4 +1,4 @@
-"""docs/cluster.md's launch matrix, one test per row: `python -m msdist.check --plan` as a real process under
+"""docs/launchers.md's launch matrix, one test per row: `python -m msdist.check --plan` as a real process under
 each launcher's real variables, and its answer.
 
 mpirun, msrun and msdist.launch run for real on this host (for "2 nodes", as node 1 of a 2-node job:

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from msdist.cluster import announce, relay
+from msdist.cluster import announce
+from msdist.launcher import relay
 
 
 def test_a_rank_announces_its_pid_and_start_time_and_records_its_exit_status(tmp_path, monkeypatch):
