@@ -183,10 +183,11 @@ class TrainStep(_RunEveryStep):
             than 1 accumulates even a single micro-batch.
         slots_owned: the batch slots the micro-batches belong to, in equal consecutive groups; each slot after the
             first has its own BatchNorm running statistics, swapped in for its micro-batches (`slot_stats`).
+        jit_level: MindSpore's compile level for the step's graphs (`jit.resolve_jit_level`); "" = MindSpore's own.
     """
 
     def __init__(self, net, loss_fn, optimizer, scaler, reducer=None, accum_steps: int = 1,
-                 grad_scale: Optional[float] = None, slots_owned: int = 1):
+                 grad_scale: Optional[float] = None, slots_owned: int = 1, jit_level: str = ""):
         super().__init__(auto_prefix=False)
         self.net_with_loss = nn.WithLossCell(net, loss_fn)
         self.weights = optimizer.parameters
@@ -211,6 +212,12 @@ class TrainStep(_RunEveryStep):
             self.hyper_map = ops.HyperMap()
             self.apply_step = _ApplyAccumulated(self.accumulated, self.loss_sum, self.loss_total, update, grad_scale)
             self.micro_batches = _MicroBatches(accum_steps)
+        if jit_level:
+            import mindspore as ms
+            # Cell.set_jit_config, the public per-graph setting (set_context(jit_config=...) is deprecated in 2.10,
+            # mindspore/context.py:1411); each compiled cell reads its own (nn/cell.py:1783).
+            for cell in [self] + ([self.apply_step, self.micro_batches] if self.accumulates else []):
+                cell.set_jit_config(ms.JitConfig(jit_level=jit_level))
 
     def construct(self, images, labels):
         loss = self.net_with_loss(images, labels)

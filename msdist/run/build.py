@@ -141,7 +141,7 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
     micro_batch, size = plan.micro_batch, data.train_input.image_size
     soft_labels = data.train_input.regularization.soft_labels
     train_step = step.TrainStep(net, step.create_loss(soft_labels), optimizer, scaler, reducer, plan.accum_steps,
-                                plan.grad_scale, len(data.train_input.layout.owned))
+                                plan.grad_scale, len(data.train_input.layout.owned), plan.jit_level)
     _logger.info("gradients: %s in %d bucket(s), last layers first (%s MB) | %d micro-batch(es) of %d per rank per "
                  "optimizer step", plan.grad_compression, len(gradient_buckets),
                  "/".join(f"{b.nbytes / 2**20:.1f}" for b in gradient_buckets), plan.accum_steps, micro_batch)

@@ -16,7 +16,7 @@ from msdist.base.errors import ConfigError
 from msdist.base.launch_env import BATCH_SLOTS_VAR, RESUME_FROM_RANK0_VAR
 from msdist.cluster import runtime
 from msdist.data import augment, pipeline, plan
-from msdist.engine import optim, precision
+from msdist.engine import jit, optim, precision
 from msdist.run import checkpoint_model, config
 
 
@@ -145,6 +145,7 @@ class StepPlan:
         accum_steps, micro_batch: micro-batches per optimizer step on this rank, and each one's size.
         grad_scale: what this rank's summed micro-batch gradients are multiplied by before the mean over ranks
             (`plan.BatchLayout.gradient_scale`).
+        jit_level: MindSpore's compile level for the step, O0 or O1 (`jit.resolve_jit_level`).
     """
     amp_level: str
     amp_dtype: str
@@ -158,10 +159,11 @@ class StepPlan:
     micro_batch: int
     bn_stats: str
     grad_scale: float
+    jit_level: str = "O0"
 
     def describe_precision(self) -> str:
         amp = self.amp_level if self.amp_level == "O0" else f"{self.amp_level} {self.amp_dtype}"
-        return f"amp {amp} | loss scale {self.loss_scale.describe()}"
+        return f"amp {amp} | loss scale {self.loss_scale.describe()} | jit_level {self.jit_level}"
 
 
 def step_plan(cfg, device_target: str, layout: plan.BatchLayout) -> StepPlan:
@@ -172,7 +174,7 @@ def step_plan(cfg, device_target: str, layout: plan.BatchLayout) -> StepPlan:
                     cfg.grad_compression, cfg.topk_ratio, cfg.threshold, cfg.error_feedback,
                     _fusion(cfg.allreduce_fusion), layout.micro_steps(cfg.grad_accum_steps),
                     micro_batch(cfg, layout.slots), precision.bn_stats_precision(device_target),
-                    layout.gradient_scale(cfg.grad_accum_steps))
+                    layout.gradient_scale(cfg.grad_accum_steps), jit.resolve_jit_level(cfg.jit_level, device_target))
 
 
 def _fusion(text: str) -> Optional[Tuple[int, ...]]:
