@@ -22,7 +22,7 @@ from msdist.base.cli import cli_main
 from msdist.base.errors import UserError, alike_on_every_rank
 from msdist.cluster import device, distributed, heartbeat, job, runtime
 from msdist.base.files import rank_log_path
-from msdist.run import checkpoint, config, options, recipe, startup
+from msdist.run import checkpoint, config, gpu_kernels, options, recipe, startup
 
 
 PLAN_FLAG = "--plan"
@@ -101,6 +101,9 @@ def plan_fields(cfg, launch: launch_env.LaunchEnv, probe: device.GpuProbe, chose
     yield "device id", f"{'-' if chosen.device_id is None else chosen.device_id}, set by {chosen.call()}"
     if target == "GPU":
         yield "gpu per rank", device.gpu_sharing(launch.launcher, launch.local_world_size, probe, os.environ)
+        capabilities = gpu_kernels.query_compute_caps() if cfg.host_root == "/" else []
+        yield "gpu kernels", gpu_kernels.kernel_advice(capabilities, os.environ,
+                                                       os.path.join(cfg.output_dir, "cuda_cache"))
     yield "backend", _backend(launch, target)
     yield "sets", " ".join(f"{k}={v}" for k, v in sets.items()) or "nothing"
     yield "clears", " ".join(clears) or "nothing"
