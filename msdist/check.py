@@ -105,6 +105,9 @@ def plan_fields(cfg, launch: launch_env.LaunchEnv, probe: device.GpuProbe, chose
         yield "gpu kernels", gpu_kernels.kernel_advice(capabilities, os.environ,
                                                        os.path.join(cfg.output_dir, "cuda_cache"))
     yield "backend", _backend(launch, target)
+    slots = options.batch_slots(cfg, launch.world_size)
+    layout = options.batch_layout(cfg, slots, launch.world_size, launch.rank)
+    yield "input", options.train_input(cfg, layout, 1, 0).describe_images()   # the images' type: no class count
     yield "sets", " ".join(f"{k}={v}" for k, v in sets.items()) or "nothing"
     yield "clears", " ".join(clears) or "nothing"
     yield from _paths(cfg, launch, target)

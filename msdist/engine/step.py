@@ -1,5 +1,5 @@
 """The network and the compiled train step (plain, or accumulating micro-batches)."""
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
@@ -184,11 +184,16 @@ class TrainStep(_RunEveryStep):
         slots_owned: the batch slots the micro-batches belong to, in equal consecutive groups; each slot after the
             first has its own BatchNorm running statistics, swapped in for its micro-batches (`slot_stats`).
         jit_level: MindSpore's compile level for the step's graphs (`jit.resolve_jit_level`); "" = MindSpore's own.
+        normalize: (mean, std) per channel: the images arrive as uint8 pixels and are normalized here, on the device,
+            as the host would have (`(x - mean) / std` in float32); None: they arrive normalized.
     """
 
     def __init__(self, net, loss_fn, optimizer, scaler, reducer=None, accum_steps: int = 1,
-                 grad_scale: Optional[float] = None, slots_owned: int = 1, jit_level: str = ""):
+                 grad_scale: Optional[float] = None, slots_owned: int = 1, jit_level: str = "",
+                 normalize: Optional[Tuple[Sequence[float], Sequence[float]]] = None):
         super().__init__(auto_prefix=False)
+        self.mean, self.std = (None, None) if normalize is None else \
+            (Tensor(np.asarray(v, np.float32).reshape(1, -1, 1, 1)) for v in normalize)
         self.net_with_loss = nn.WithLossCell(net, loss_fn)
         self.weights = optimizer.parameters
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
@@ -220,6 +225,8 @@ class TrainStep(_RunEveryStep):
                 cell.set_jit_config(ms.JitConfig(jit_level=jit_level))
 
     def construct(self, images, labels):
+        if self.mean is not None:
+            images = (ops.cast(images, mstype.float32) - self.mean) / self.std
         loss = self.net_with_loss(images, labels)
         grads = self.grad(self.net_with_loss, self.weights)(images, labels, self.scaler.sens(loss))
         if not self.accumulates:

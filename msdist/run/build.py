@@ -140,15 +140,18 @@ def build_model(cfg, dist, data: Data, rt) -> Model:
     # batch_size stays the global batch of one optimizer step; accumulation splits each rank's share.
     micro_batch, size = plan.micro_batch, data.train_input.image_size
     soft_labels = data.train_input.regularization.soft_labels
+    pixels = data.train_input.pixels_out   # uint8 batches, normalized in the step's graph
     train_step = step.TrainStep(net, step.create_loss(soft_labels), optimizer, scaler, reducer, plan.accum_steps,
-                                plan.grad_scale, len(data.train_input.layout.owned), plan.jit_level)
+                                plan.grad_scale, len(data.train_input.layout.owned), plan.jit_level,
+                                (pipeline.MEAN, pipeline.STD) if pixels else None)
+    _logger.info("input: %s", data.train_input.describe_images())
     _logger.info("gradients: %s in %d bucket(s), last layers first (%s MB) | %d micro-batch(es) of %d per rank per "
                  "optimizer step", plan.grad_compression, len(gradient_buckets),
                  "/".join(f"{b.nbytes / 2**20:.1f}" for b in gradient_buckets), plan.accum_steps, micro_batch)
     train_step.set_train(True)
     compile_start = time.perf_counter()
     with runtime.compile_cache_scope(rt):  # compiled ahead of the first batch, so a restart can load it
-        train_step.compile(ms.Tensor(shape=(micro_batch, 3, size, size), dtype=ms.float32),
+        train_step.compile(ms.Tensor(shape=(micro_batch, 3, size, size), dtype=ms.uint8 if pixels else ms.float32),
                            step.label_placeholder(micro_batch, data.num_classes, soft_labels))
     compile_seconds = time.perf_counter() - compile_start
     _logger.info("train step compiled in %.1f s", compile_seconds)

@@ -105,7 +105,8 @@ def train_input(cfg, layout: plan.BatchLayout, workers_per_rank: int, classes: i
     """This rank's training input, the same every epoch."""
     return pipeline.TrainInput(image_size=cfg.image_size, global_batch=cfg.batch_size, seed=cfg.seed,
                                shuffle=cfg.shuffle, augment=cfg.augment, padding=cfg.crop_padding,
-                               workers=workers_per_rank, layout=layout, regularization=regularization(cfg, classes))
+                               workers=workers_per_rank, layout=layout, regularization=regularization(cfg, classes),
+                               device_normalizes=True)
 
 
 def learning_rates(cfg, slots: int, steps_per_epoch: int) -> np.ndarray:
