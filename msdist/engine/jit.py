@@ -12,8 +12,8 @@ mindspore/graph/api.py:1204-1210):
   casts: about 5 per parameter, 161 parameters for ResNet-50), each a few microseconds of launch for
   microseconds of work; fusing them is what MindSpore's graph-kernel fusion is for (its guide lists GPU among
   the platforms, and AKG, its kernel compiler, ships in the GPU wheel).
-- CPU: O1 measured slower than O0 on this host, with a far longer compile (benchmarks/step_ab.py jit_level,
-  docs/performance.md "Compile level"), and MindSpore's CPU kernels are oneDNN's already.
+- CPU: O1 measured no faster than O0 on this host (benchmarks/step_ab.py jit_level, docs/performance.md "Compile
+  level"), and O0 is `mindspore.jit`'s own default (graph/api.py:1206).
 """
 from msdist.base.errors import ConfigError
 

@@ -2,7 +2,7 @@
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
-from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+from mindspore import JitConfig, Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from models import DEFAULT_CONVENTION
@@ -218,11 +218,10 @@ class TrainStep(_RunEveryStep):
             self.apply_step = _ApplyAccumulated(self.accumulated, self.loss_sum, self.loss_total, update, grad_scale)
             self.micro_batches = _MicroBatches(accum_steps)
         if jit_level:
-            import mindspore as ms
             # Cell.set_jit_config, the public per-graph setting (set_context(jit_config=...) is deprecated in 2.10,
             # mindspore/context.py:1411); each compiled cell reads its own (nn/cell.py:1783).
             for cell in [self] + ([self.apply_step, self.micro_batches] if self.accumulates else []):
-                cell.set_jit_config(ms.JitConfig(jit_level=jit_level))
+                cell.set_jit_config(JitConfig(jit_level=jit_level))
 
     def construct(self, images, labels):
         if self.mean is not None:
