@@ -11,6 +11,7 @@ call that sets it, backend, MS_* variables, this rank's files), or refuses a set
 with one line and exit status 2. Run it under the same launcher and with the same options as the
 training command.
 """
+import dataclasses
 import os
 import platform
 import socket
@@ -23,7 +24,7 @@ from msdist.base.errors import UserError, alike_on_every_rank
 from msdist.base.files import rank_log_path
 from msdist.cluster import heartbeat, job
 from msdist.rank import device, distributed, runtime
-from msdist.run import checkpoint, config, recipe, run_plan, startup
+from msdist.run import checkpoint, config, gpu_kernels, recipe, run_plan, startup
 
 
 PLAN_FLAG = "--plan"
@@ -104,7 +105,12 @@ def plan_fields(cfg, launch: launch_env.LaunchEnv, probe: device.GpuProbe, run: 
     yield "device id", f"{'-' if chosen.device_id is None else chosen.device_id}, set by {chosen.call()}"
     if target == "GPU":
         yield "gpu per rank", device.gpu_sharing(launch.launcher, launch.local_world_size, probe, os.environ)
+        capabilities = gpu_kernels.query_compute_caps() if cfg.host_root == "/" else []
+        yield "gpu kernels", gpu_kernels.kernel_advice(capabilities, os.environ,
+                                                       os.path.join(cfg.output_dir, "cuda_cache"))
     yield "backend", _backend(launch, target)
+    layout = run.batch.layout(launch.world_size, launch.rank)
+    yield "input", dataclasses.replace(run.input.spec, layout=layout).describe_images()  # this rank's batch
     yield "sets", " ".join(f"{k}={v}" for k, v in sets.items()) or "nothing"
     yield "clears", " ".join(clears) or "nothing"
     yield from _paths(cfg, launch, run)

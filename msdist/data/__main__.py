@@ -115,6 +115,7 @@ def _bench(args) -> None:
     print(f"start-up: {rate.startup_s:.2f} s to the first batch{later}", flush=True)
     print(f"msdist training pipeline: {rate.steady:.0f} img/s steady ({rate.images} images after the first batch "
           f"of each epoch)", flush=True)
+    print(f"input to the device: {bench.train_input(setup, args.workers).describe_images()}", flush=True)
 
 
 if __name__ == "__main__":

@@ -66,13 +66,20 @@ def _split(setup: Setup):
     return pipeline.list_split(setup.data_dir, pipeline.TRAIN_SPLIT, pipeline.class_map(setup.data_dir))
 
 
+def train_input(setup: Setup, workers: int):
+    """The `pipeline.TrainInput` of one rank training on `setup`, as training builds it (`options.train_input`)."""
+    from msdist.data import pipeline
+    return pipeline.TrainInput(image_size=setup.image_size, global_batch=setup.batch_size, seed=setup.seed,
+                               shuffle=True, augment=setup.augment, padding=setup.padding, workers=workers,
+                               regularization=setup.regularization or pipeline.Regularization(),
+                               device_normalizes=True)
+
+
 def train_epoch_maker(setup: Setup, workers: int, split=None) -> Callable[[int], object]:
     """epoch -> msdist's training dataset of that epoch (`pipeline.build_train_dataset`)."""
     from msdist.data import pipeline
     split = split or _split(setup)
-    spec = pipeline.TrainInput(image_size=setup.image_size, global_batch=setup.batch_size, seed=setup.seed,
-                               shuffle=True, augment=setup.augment, padding=setup.padding, workers=workers,
-                               regularization=setup.regularization or pipeline.Regularization())
+    spec = train_input(setup, workers)
 
     def make_epoch(epoch: int):
         return pipeline.build_train_dataset(split, spec, epoch)

@@ -134,10 +134,13 @@ def reader(split: Split, samples: np.ndarray, workers: int):
                                  sampler=sampler, decode=True, num_parallel_workers=workers)
 
 
-def resize_normalize(image_size: int, mean: Sequence[float] = MEAN, std: Sequence[float] = STD) -> list:
-    """C++ ops per decoded image: resize to `image_size`, normalize, HWC2CHW (evaluation's and the plain training chain)."""
+def resize_normalize(image_size: int, mean: Sequence[float] = MEAN, std: Sequence[float] = STD,
+                     normalize: bool = True) -> list:
+    """C++ ops per decoded image: resize to `image_size`, normalize (unless the graph does), HWC2CHW (evaluation's
+    and the plain training chain)."""
     from mindspore.dataset import vision
-    return [vision.Resize((image_size, image_size)), vision.Normalize(mean, std), vision.HWC2CHW()]
+    return [vision.Resize((image_size, image_size))] + ([vision.Normalize(mean, std)] if normalize else []) + \
+        [vision.HWC2CHW()]
 
 
 def eval_transforms(image_size: int, mean: Sequence[float] = MEAN, std: Sequence[float] = STD) -> list:
@@ -189,10 +192,10 @@ class _BatchTransform:
     """
 
     def __init__(self, rows: np.ndarray, labels: np.ndarray, mixes, *, seed: int, epoch: int, augment: bool,
-                 padding: int, image_size: int, reg: Regularization):
+                 padding: int, image_size: int, reg: Regularization, pixels_out: bool = False):
         self.rows, self.labels, self.mixes = rows, labels, mixes
         self.seed, self.epoch, self.augment, self.padding = seed, epoch, augment, padding
-        self.image_size, self.reg = image_size, reg
+        self.image_size, self.reg, self.pixels_out = image_size, reg, pixels_out
         self.mixes_pixels = reg.mixing and (reg.train_crop == "random_resized" or reg.color_jitter > 0)
 
     def __call__(self, images, labels, info):
@@ -205,7 +208,7 @@ class _BatchTransform:
         x = self._geometry(images, ids)
         if self.reg.color_jitter > 0:
             x = color_jitter(x, plan.jitter_factors(self.seed, self.epoch, ids, self.reg.color_jitter))
-        if not self.mixes_pixels:
+        if not (self.mixes_pixels or self.pixels_out):   # pixels_out: the train step normalizes
             x = normalize(x, MEAN, STD)
         if not self.reg.soft_labels:
             return x, labels
@@ -249,6 +252,8 @@ class TrainInput:
             unless the job changed its world size.
         regularization: the options beyond crop and flip; with random_resized, the crop applies only
             when `augment` is on.
+        device_normalizes: the consumer normalizes uint8 pixels itself (the train step, in its graph), so a batch
+            that is still integer pixels leaves the pipeline as uint8 (`pixels_out`).
     """
     image_size: int
     global_batch: int
@@ -259,16 +264,32 @@ class TrainInput:
     workers: int
     layout: plan.BatchLayout = plan.BatchLayout()
     regularization: Regularization = Regularization()
+    device_normalizes: bool = False
 
     @property
     def batch_size(self) -> int:
         """This rank's share of each global batch: the slots it owns, side by side."""
         return self.layout.rank_batch(self.global_batch)
 
+    @property
+    def pixels_out(self) -> bool:
+        """The batch stays uint8 pixels to the device, normalized in the train step's graph (a quarter of float32's
+        bytes): when the consumer normalizes, unless colour jitter or batch mixing computes in float on the host."""
+        return self.device_normalizes and not (self.regularization.color_jitter > 0 or self.regularization.mixing)
+
+    def describe_images(self) -> str:
+        """What the batch's images cross to the device as, and their bytes per step on this rank."""
+        pixels = self.batch_size * 3 * self.image_size ** 2
+        if self.pixels_out:
+            return f"uint8 pixels, normalized in the train step's graph: {pixels / 2**20:.1f} MiB per step"
+        why = ("colour jitter" if self.regularization.color_jitter > 0 else "mixup/cutmix") + " computes in float" \
+            if self.device_normalizes else "its consumer takes normalized images"
+        return f"float32, normalized on the host ({why}): {pixels * 4 / 2**20:.1f} MiB per step"
+
 
 def build_train_dataset(split: Split, spec: TrainInput, epoch: int, skip_steps: int = 0) -> Batches:
-    """One epoch of this rank's training batches: images NCHW float32, labels int32 (or float32
-    (batch, classes) targets when `spec.regularization` mixes or smooths them).
+    """One epoch of this rank's training batches: images NCHW, uint8 pixels (`spec.pixels_out`) or normalized
+    float32, labels int32 (or float32 (batch, classes) targets when `spec.regularization` mixes or smooths them).
 
     `skip_steps` drops the epoch's first batches, for an exact resume in the middle of an epoch.
     """
@@ -287,13 +308,15 @@ def build_train_dataset(split: Split, spec: TrainInput, epoch: int, skip_steps: 
     data = reader(split, steps.reshape(-1), workers)
     if not (augment or reg.color_jitter > 0 or reg.soft_labels):
         # Nothing per sample: the evaluation chain (a native ImageFolderDataset loop's, too), all C++.
-        data = data.map(resize_normalize(image_size), input_columns="image", num_parallel_workers=workers)
+        data = data.map(resize_normalize(image_size, normalize=not spec.pixels_out), input_columns="image",
+                        num_parallel_workers=workers)
         return Batches(data.batch(spec.batch_size, drop_remainder=True), files)
     if not (augment and reg.train_crop == "random_resized"):
         reg = replace(reg, train_crop="resize")
         data = data.map(vision.Resize((image_size, image_size)), input_columns="image", num_parallel_workers=workers)
     transform = _BatchTransform(steps, np.asarray(split.labels)[steps], mixes, seed=spec.seed, epoch=epoch,
-                                augment=augment, padding=spec.padding, image_size=image_size, reg=reg)
+                                augment=augment, padding=spec.padding, image_size=image_size, reg=reg,
+                                pixels_out=spec.pixels_out)
     # One Python call per batch, in as many threads as there are workers: NumPy's copies and arithmetic
     # release the GIL, so batches are cropped side by side while the C++ workers decode the next ones.
     data = data.batch(steps.shape[1], drop_remainder=True, per_batch_map=transform,

@@ -62,15 +62,16 @@ def param_groups(params, weight_decay: float, lrs: np.ndarray = None, backbone_l
 
 def create_optimizer(params, lrs: np.ndarray, momentum: float, weight_decay: float, backbone_lr_scale: float = 1.0,
                      head_prefix: str = "fc."):
-    """SGD with momentum following the per-step schedule `lrs` (position kept in `global_step`).
+    """SGD with momentum following the per-step schedule `lrs` (position kept in `global_step`); a step can be
+    skipped on the device (`momentum.Momentum.step_unless`).
 
     Gradients reach it already unscaled (`step.ScaledUpdate`), so its own `loss_scale` stays 1.
     `backbone_lr_scale` scales the learning rate of everything outside the classifier (`head_prefix`).
     """
     import mindspore as ms
-    from mindspore import nn
-    return nn.Momentum(param_groups(params, weight_decay, lrs, backbone_lr_scale, head_prefix),
-                       learning_rate=ms.Tensor(lrs), momentum=momentum)
+    from msdist.engine.momentum import Momentum
+    return Momentum(param_groups(params, weight_decay, lrs, backbone_lr_scale, head_prefix),
+                    learning_rate=ms.Tensor(lrs), momentum=momentum)
 
 
 def state_parameters(optimizer) -> list:

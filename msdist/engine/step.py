@@ -1,12 +1,12 @@
 """The network and the compiled train step (plain, or accumulating micro-batches)."""
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
-from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+from mindspore import JitConfig, Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from models import DEFAULT_CONVENTION
-from msdist.engine import bn_stats, buckets, loss_scale
+from msdist.engine import bn_stats, buckets, loss_scale, momentum
 from msdist.engine.loss import SparseCrossEntropy
 
 
@@ -14,9 +14,10 @@ class ScaledUpdate(nn.Cell):
     """Loss-scaled gradients in, one optimizer step out: reduction, unscale, overflow check, update.
 
     Unchecked (a fixed scale under float32, `loss_scale.LossScaler.checked`): reduce, unscale, update;
-    nothing else. Checked: a step whose gradients overflow on any rank is skipped on every rank (the
-    optimizer does not run; its step counter still advances, so the learning rate follows the data step
-    as the logs do). A dynamic scale then halves; a fixed one records the step and skips every later step
+    nothing else. Checked: a step whose gradients overflow on any rank is skipped on every rank, decided on the
+    device (`momentum.Momentum.step_unless`: the update is masked, no flag goes to the host; weights and moments
+    stay as they were, and the step counter still advances, so the learning rate follows the data step as the
+    logs do). A dynamic scale then halves; a fixed one records the step and skips every later step
     too, until the host stops the run (`loss_scale.check_finite`); a fixed scale also counts the loss.
 
     The verdict comes from the reduced gradients: a sum over ranks holds any rank's inf or NaN, so every
@@ -26,7 +27,7 @@ class ScaledUpdate(nn.Cell):
     because a skipped step must leave their residuals as they were.
 
     Args:
-        optimizer: its own `loss_scale` must be 1 (unscaling happens here).
+        optimizer: a `momentum.Momentum` whose own `loss_scale` is 1 (unscaling happens here).
         reducer: cell mapping the gradient tuple to its cross-rank mean (`reducers.create_reducer`); None on
             a single rank. A reducer with `reduces_scaled = True` gets the gradients still scaled (a float16
             exchange, where the scale keeps small values from flushing to zero).
@@ -40,7 +41,6 @@ class ScaledUpdate(nn.Cell):
         self.scaler = scaler
         self.reduces_scaled = bool(getattr(reducer, "reduces_scaled", False))
         self.guards_state = bool(getattr(reducer, "guards_state", False))
-        self.hyper_map = ops.HyperMap()
 
     def _reduce(self, grads, skip):
         if self.reducer is None:
@@ -54,7 +54,7 @@ class ScaledUpdate(nn.Cell):
         by_rank = self.scaler.not_finite_by_rank(grads, None if self.scaler.dynamic else loss)
         overflow = by_rank.sum() > 0
         # Zeroed, so no inf reaches the exchange or the residuals.
-        grads = self.hyper_map(ops.partial(_zero_if, overflow), grads)
+        grads = momentum.zeroed_if(overflow, grads)
         return self._reduce(self.scaler.unscale(grads), overflow), overflow, by_rank
 
     def _verdict_from_sums(self, grads, loss):
@@ -81,21 +81,9 @@ class ScaledUpdate(nn.Cell):
             grads, overflow, by_rank = self._verdict_first(grads, loss)
         else:
             grads, overflow, by_rank = self._verdict_from_sums(grads, loss)
-        overflow = self.scaler.update(overflow, by_rank, self.optimizer.global_step)
-        # A skipped step still moves the schedule's position (the optimizer moves it when it runs).
-        overflow = ops.depend(overflow, ops.assign_add(self.optimizer.global_step,
-                                                       ops.cast(overflow, self.optimizer.global_step.dtype)))
-        if not overflow:
-            self.optimizer(grads)
-        return overflow
-
-
-_zero_if = ops.MultitypeFuncGraph("zero_if")
-
-
-@_zero_if.register("Tensor", "Tensor")
-def _zero_if_flag(flag, grad):
-    return ops.select(ops.broadcast_to(flag, grad.shape), ops.zeros_like(grad), grad)
+        skip = self.scaler.update(overflow, by_rank, self.optimizer.global_step)
+        # Masked on the device (engine/momentum.py), not `if not skip:`, whose flag would travel to the host.
+        return ops.depend(skip, self.optimizer.step_unless(grads, skip))
 
 
 class _RunEveryStep(nn.Cell):
@@ -195,11 +183,17 @@ class TrainStep(_RunEveryStep):
             than 1 accumulates even a single micro-batch.
         slots_owned: the batch slots the micro-batches belong to, in equal consecutive groups; each slot after the
             first has its own BatchNorm running statistics, swapped in for its micro-batches (`slot_stats`).
+        jit_level: MindSpore's compile level for the step's graphs (`jit.resolve_jit_level`); "" = MindSpore's own.
+        normalize: (mean, std) per channel: the images arrive as uint8 pixels and are normalized here, on the device,
+            as the host would have (`(x - mean) / std` in float32); None: they arrive normalized.
     """
 
     def __init__(self, net, loss_fn, optimizer, scaler, reducer=None, accum_steps: int = 1,
-                 grad_scale: Optional[float] = None, slots_owned: int = 1):
+                 grad_scale: Optional[float] = None, slots_owned: int = 1, jit_level: str = "",
+                 normalize: Optional[Tuple[Sequence[float], Sequence[float]]] = None):
         super().__init__(auto_prefix=False)
+        self.mean, self.std = (None, None) if normalize is None else \
+            (Tensor(np.asarray(v, np.float32).reshape(1, -1, 1, 1)) for v in normalize)
         self.net_with_loss = nn.WithLossCell(net, loss_fn)
         self.weights = optimizer.parameters
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
@@ -223,8 +217,15 @@ class TrainStep(_RunEveryStep):
             self.hyper_map = ops.HyperMap()
             self.apply_step = _ApplyAccumulated(self.accumulated, self.loss_sum, self.loss_total, update, grad_scale)
             self.micro_batches = _MicroBatches(accum_steps)
+        if jit_level:
+            # Cell.set_jit_config, the public per-graph setting (set_context(jit_config=...) is deprecated in 2.10,
+            # mindspore/context.py:1411); each compiled cell reads its own (nn/cell.py:1783).
+            for cell in [self] + ([self.apply_step, self.micro_batches] if self.accumulates else []):
+                cell.set_jit_config(JitConfig(jit_level=jit_level))
 
     def construct(self, images, labels):
+        if self.mean is not None:
+            images = (ops.cast(images, mstype.float32) - self.mean) / self.std
         loss = self.net_with_loss(images, labels)
         grads = self.grad(self.net_with_loss, self.weights)(images, labels, self.scaler.sens(loss))
         if not self.accumulates:

@@ -148,15 +148,18 @@ def build_model(run: run_plan.RunPlan, dist, data: Data, rt) -> Model:
     soft_labels = data.train_input.regularization.soft_labels
     # This rank runs each slot's micro-batches for every slot it owns (more than one when the job shrank).
     accum_steps = layout.micro_steps(plan.accum_steps)
+    pixels = data.train_input.pixels_out   # uint8 batches, normalized in the step's graph
     train_step = step.TrainStep(net, step.create_loss(soft_labels), optimizer, scaler, reducer, accum_steps,
-                                layout.gradient_scale(plan.accum_steps), len(layout.owned))
+                                layout.gradient_scale(plan.accum_steps), len(layout.owned), plan.jit_level,
+                                (pipeline.MEAN, pipeline.STD) if pixels else None)
+    _logger.info("input: %s", data.train_input.describe_images())
     _logger.info("gradients: %s in %d bucket(s), last layers first (%s MB) | %d micro-batch(es) of %d per rank per "
                  "optimizer step", plan.grad_compression, len(gradient_buckets),
                  "/".join(f"{b.nbytes / 2**20:.1f}" for b in gradient_buckets), accum_steps, micro_batch)
     train_step.set_train(True)
     compile_start = time.perf_counter()
     with runtime.compile_cache_scope(rt):  # compiled ahead of the first batch, so a restart can load it
-        train_step.compile(ms.Tensor(shape=(micro_batch, 3, size, size), dtype=ms.float32),
+        train_step.compile(ms.Tensor(shape=(micro_batch, 3, size, size), dtype=ms.uint8 if pixels else ms.float32),
                            step.label_placeholder(micro_batch, data.num_classes, soft_labels))
     compile_seconds = time.perf_counter() - compile_start
     _logger.info("train step compiled in %.1f s", compile_seconds)

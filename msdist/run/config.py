@@ -23,7 +23,7 @@ from msdist.base.args import ArgumentParser, boolean
 from msdist.base.errors import ConfigError, first_line
 from msdist.base.files import atomic_write_text
 from msdist.cluster import preemption, stall
-from msdist.engine import precision
+from msdist.engine import jit, precision
 from msdist.rank.runtime import CPU_ISA_CHOICES
 from msdist.run import profiler
 
@@ -158,6 +158,9 @@ TRAIN_OPTIONS = [
          "precision except BatchNorm (and SyncBatchNorm); O3 = all low precision", choices=precision.AMP_LEVELS),
     _opt("amp_dtype", str, "float16", "low-precision type for amp_level O2/O3 (MindSpore's CPU convolutions "
          "accept neither)", choices=("float16", "bfloat16")),
+    _opt("jit_level", str, "auto", "MindSpore's compile level for the train step: O0 = kernel by kernel; O1 = plus "
+         "automatic kernel fusion (MindSpore 2.10's graph-kernel fusion); auto = O1 on GPU, O0 on CPU "
+         "(docs/performance.md)", choices=jit.JIT_LEVELS),
     _opt("verbose", boolean, False, "show MindSpore's own C++ INFO/WARNING lines", hashed=False),
     _opt("log_every", int, 10, "print a progress line every N steps", min=1, hashed=False),
     # where the time goes (docs/performance.md, docs/monitoring.md)

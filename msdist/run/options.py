@@ -13,7 +13,7 @@ from typing import Dict, Mapping, Optional, Tuple
 from msdist.base.errors import ConfigError
 from msdist.base.launch_env import BATCH_SLOTS_VAR, RESUME_FROM_RANK0_VAR
 from msdist.data import augment, pipeline, plan
-from msdist.engine import precision
+from msdist.engine import jit, precision
 from msdist.run import checkpoint_model, config, profiler, stragglers
 
 
@@ -110,7 +110,8 @@ def train_input(cfg, layout: plan.BatchLayout, workers_per_rank: int, classes: i
     """This rank's training input, the same every epoch."""
     return pipeline.TrainInput(image_size=cfg.image_size, global_batch=cfg.batch_size, seed=cfg.seed,
                                shuffle=cfg.shuffle, augment=cfg.augment, padding=cfg.crop_padding,
-                               workers=workers_per_rank, layout=layout, regularization=regularization(cfg, classes))
+                               workers=workers_per_rank, layout=layout, regularization=regularization(cfg, classes),
+                               device_normalizes=True)
 
 
 def micro_batch(cfg, slots: int) -> int:
@@ -131,6 +132,7 @@ class StepPlan:
         accum_steps, micro_batch: micro-batches per batch slot and optimizer step (`--grad_accum_steps`), and each
             one's size. A rank owning k slots runs k x accum_steps of them, and its gradient scale follows
             (`plan.BatchLayout.micro_steps`, `gradient_scale`): the only part of the step that depends on the rank.
+        jit_level: MindSpore's compile level for the step, O0 or O1 (`jit.resolve_jit_level`).
     """
     amp_level: str
     amp_dtype: str
@@ -143,10 +145,11 @@ class StepPlan:
     accum_steps: int
     micro_batch: int
     bn_stats: str
+    jit_level: str = "O0"
 
     def describe_precision(self) -> str:
         amp = self.amp_level if self.amp_level == "O0" else f"{self.amp_level} {self.amp_dtype}"
-        return f"amp {amp} | loss scale {self.loss_scale.describe()}"
+        return f"amp {amp} | loss scale {self.loss_scale.describe()} | jit_level {self.jit_level}"
 
 
 def step_plan(cfg, device_target: str, slots: int) -> StepPlan:
@@ -156,7 +159,7 @@ def step_plan(cfg, device_target: str, slots: int) -> StepPlan:
                     precision.loss_scale_plan(cfg.loss_scale, amp_level, cfg.amp_dtype, cfg.grad_compression),
                     cfg.grad_compression, cfg.topk_ratio, cfg.threshold, cfg.error_feedback,
                     _fusion(cfg.allreduce_fusion), cfg.grad_accum_steps, micro_batch(cfg, slots),
-                    precision.bn_stats_precision(device_target))
+                    precision.bn_stats_precision(device_target), jit.resolve_jit_level(cfg.jit_level, device_target))
 
 
 def _fusion(text: str) -> Optional[Tuple[int, ...]]:

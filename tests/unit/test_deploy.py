@@ -390,7 +390,8 @@ def _launcher_script(job):
 
 def test_mpijob_forwards_nccl_ms_and_msdist_variables_to_every_rank(tmp_path):
     """mpirun's ranks start over ssh without the launcher pod's environment: the launcher's script, run by bash
-    with a stub mpirun, passes each NCCL_*, MS_* and MSDIST_* variable of its container by name (-x NAME)."""
+    with a stub mpirun, passes each NCCL_*, MS_*, MSDIST_* and CUDA_CACHE_* variable of its container by name
+    (-x NAME)."""
     (job,) = _documents(os.path.join(DEPLOY, "k8s", "mpijob.yaml"))
     script, container_env = _launcher_script(job)
     assert container_env.get("NCCL_DEBUG") == "WARN"
@@ -407,4 +408,52 @@ def test_mpijob_forwards_nccl_ms_and_msdist_variables_to_every_rank(tmp_path):
     assert len(calls) == 2 and all(c.startswith("mpirun -n 8 --bind-to none ") for c in calls)
     for call in calls:
         forwarded = re.findall(r"-x (\S+)", call)
-        assert sorted(forwarded) == ["MSDIST_EXAMPLE", "MS_NODE_TIMEOUT", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME"], call
+        assert sorted(forwarded) == ["CUDA_CACHE_MAXSIZE", "CUDA_CACHE_PATH", "MSDIST_EXAMPLE", "MS_NODE_TIMEOUT",
+                                     "NCCL_DEBUG", "NCCL_SOCKET_IFNAME"], call
+
+
+# ---------------------------------------------------------------- GPU images (issue 40 item 6)
+
+GPU_IMAGE = "msdist:gpu-cuda11.8"
+
+
+def _gpu_containers():
+    """(file, container) of every container in deploy/k8s that asks for NVIDIA GPUs, or runs beside those that do."""
+    for path in YAML_FILES:
+        for doc in _documents(path):
+            text = yaml.safe_dump(doc)
+            if "nvidia.com/gpu" not in text:
+                continue
+            for match in re.finditer(r"image: (\S+)", text):
+                yield os.path.basename(path), match.group(1)
+
+
+def test_every_gpu_spec_pulls_the_cuda11_image_the_dockerfile_builds_by_name():
+    """MindSpore 2.10's GPU plugins link the CUDA 11 runtime and cuDNN 8: the CPU image (msdist:latest) cannot start
+    a GPU rank, so every GPU pod pulls the Dockerfile's GPU build, whose base is a CUDA 11.6-11.8 + cuDNN 8 runtime."""
+    images = list(_gpu_containers())
+    assert {name for name, _ in images} == {"mpijob.yaml", "launch-job.yaml"}
+    assert {image for _, image in images} == {GPU_IMAGE}
+    dockerfile = _read(os.path.join(DEPLOY, "Dockerfile"))
+    build = re.search(r"--build-arg BASE_IMAGE=(\S+) -t (\S+) \.", dockerfile.replace("\\\n#", " "))
+    assert build and build.group(2) == GPU_IMAGE, "the Dockerfile names the GPU build's tag"
+    assert re.fullmatch(r"nvidia/cuda:11\.[678]\.\d+-cudnn8-runtime-\S+", build.group(1)), build.group(1)
+    sbatch = _read(SBATCH)
+    assert f"IMAGE={GPU_IMAGE}" in sbatch and "--container-image=$IMAGE" in sbatch
+
+
+def test_every_gpu_spec_keeps_the_cuda_jit_cache_on_persistent_storage(tmp_path):
+    """An H100 compiles MindSpore's kernels at its first start: the cache of that compile lives on the run volume,
+    large enough to keep it, in every GPU spec (and mpirun forwards it to the ranks, tested above)."""
+    from msdist.run import gpu_kernels
+    for path in YAML_FILES:
+        text = _read(path)
+        if "nvidia.com/gpu" in text:
+            assert re.search(r"name: CUDA_CACHE_PATH\n\s+value: /runs/", text), path
+            assert re.search(rf'name: CUDA_CACHE_MAXSIZE\n\s+value: "{gpu_kernels.CACHE_MAXSIZE}"', text), path
+    (line,) = [line for line in _run_sbatch(tmp_path, LAUNCHER="srun", IMAGE=GPU_IMAGE) if "msdist.check" in line]
+    assert f"--container-image={GPU_IMAGE} --container-mounts=/shared/data/fruits360,/shared/runs/resnet50_slurm" \
+        in line
+    sbatch = _read(SBATCH)
+    assert "CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-$RUN_DIR/cuda_cache}" in sbatch
+    assert f"CUDA_CACHE_MAXSIZE=${{CUDA_CACHE_MAXSIZE:-{gpu_kernels.CACHE_MAXSIZE}}}" in sbatch

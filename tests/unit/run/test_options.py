@@ -32,8 +32,9 @@ def test_train_input_is_this_rank_s_share_with_the_options_it_names():
     spec = options.train_input(cfg, plan.BatchLayout(2, 2, 1), workers_per_rank=3, classes=4)
     assert spec == pipeline.TrainInput(image_size=40, global_batch=16, seed=9, shuffle=False, augment=True, padding=2,
                                        workers=3, layout=plan.BatchLayout(2, 2, 1), regularization=Regularization(
-                                           "random_resized", (0.3, 1.0), (0.75, 4 / 3), 0.0, 0.2, 0.0, 0.1, 4))
-    assert spec.batch_size == 8
+                                           "random_resized", (0.3, 1.0), (0.75, 4 / 3), 0.0, 0.2, 0.0, 0.1, 4),
+                                       device_normalizes=True)   # the train step normalizes uint8 pixels
+    assert spec.batch_size == 8 and not spec.pixels_out   # mixup blends floats on the host
     with pytest.raises(DataError, match="must divide evenly over 3 ranks"):
         options.train_input(cfg, plan.BatchLayout(3, 3, 0), workers_per_rank=1, classes=4).batch_size
 
