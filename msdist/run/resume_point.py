@@ -67,7 +67,8 @@ def agree(directory: str, prefix: str, rank: int, collectives, elastic: bool = F
             _logger.warning("resume auto: no complete checkpoint in %s; starting fresh", directory)
         return None
     if rank == 0:
-        slots = checkpoint_model.stored_meta(checkpoint_sets.file_of(entries, chosen, 0).path).get(checkpoint_model.BATCH_SLOTS_KEY, "unrecorded")
+        slots = checkpoint_model.stored_meta(checkpoint_sets.file_of(entries, chosen, 0).path).get(
+            checkpoint_model.BATCH_SLOTS_KEY, "unrecorded")
         _logger.info("resume auto: chose %s, batch layout %s slots, in %s: the newest complete checkpoint",
                      chosen, slots, directory)
     if not elastic and chosen.world_size >= world:
@@ -82,7 +83,8 @@ def _union(keys: List[Key], collectives) -> List[Key]:
     """Every rank's candidates, newest first: the same list on every rank. Two collectives."""
     longest = int(collectives.gather([len(keys)])[:, 0].max())
     rows = np.full((max(longest, 1), 2), -1.0)
-    rows[:len(keys)] = [(k.global_step, k.world_size) for k in keys]
+    if keys:  # a rank with none sends only the -1 row
+        rows[:len(keys)] = [(k.global_step, k.world_size) for k in keys]
     every = collectives.gather(rows.ravel()).reshape(-1, 2)
     return checkpoint_sets.ordered({Key(int(s), int(w)) for s, w in every if s >= 0}, collectives.world_size)
 

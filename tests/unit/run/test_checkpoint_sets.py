@@ -109,3 +109,14 @@ def test_the_sidecar_records_the_world_size_and_temporaries_are_removed_at_start
     folder.mkdir()
     assert sorted(checkpoint.remove_temporaries(str(tmp_path), "m", 1)) == sorted(map(str, left))
     assert other.exists() and folder.is_dir() and os.path.exists(path)
+
+
+def test_resume_auto_in_a_run_with_no_checkpoint_starts_fresh(tmp_path):
+    """`--resume auto` on an empty or missing ckpt/ (every first start of a demo or a requeued job): nothing to
+    agree on, no error. (resume_point's own name is tests/integration/test_resume_point.py's.)"""
+    from msdist.rank.distributed import Collectives
+    from msdist.run import resume_point
+
+    assert resume_point.agree(str(tmp_path / "ckpt"), "resnet_tiny", 0, Collectives(1)) is None
+    (tmp_path / "ckpt").mkdir()
+    assert resume_point.agree(str(tmp_path / "ckpt"), "resnet_tiny", 0, Collectives(1)) is None
