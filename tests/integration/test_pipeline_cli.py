@@ -10,11 +10,11 @@ from conftest import run_msdist, tiny_args
 @pytest.mark.multiprocess
 def test_bench_cli_reports_start_up_steady_rate_stage_cpu_and_cores(data_dir):
     """`msdist.data bench --native`: header, CPU per stage, the cores advice, native's line, then msdist's
-    start-up and, last, its steady img/s."""
+    start-up, its steady img/s and, last, what a step sends to the device."""
     proc = run_msdist("data", ["bench", data_dir, "--image_size", "32", "--epochs", "2", "--batch_size", "16",
                                "--native", "--stage_images", "64", "--gpu_rate", "20000"], timeout=240)
     lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 6, proc.stdout
+    assert len(lines) == 7, proc.stdout
     assert re.fullmatch(r"bench of \S+/Training: 192 images, workers 1, image_size 32, augment true, batch 16, "
                         r"2 epoch\(s\)", lines[0]), lines[0]
     stages = re.fullmatch(r"CPU per image \(1 worker, 64 images\): read\+decode (\d+) us, resize (\d+) us, "
@@ -31,6 +31,8 @@ def test_bench_cli_reports_start_up_steady_rate_stage_cpu_and_cores(data_dir):
     steady = re.fullmatch(r"msdist training pipeline: (\d+) img/s steady \(352 images after the first batch of "
                           r"each epoch\)", lines[5])
     assert steady and int(steady[1]) > 0, lines[5]
+    # augment (pad, crop, flip) leaves integer pixels: uint8 crosses, 16 x 3 x 32 x 32 bytes
+    assert lines[6] == "input to the device: uint8 pixels, normalized in the train step's graph: 0.0 MiB per step"
 
 
 @pytest.mark.multiprocess
