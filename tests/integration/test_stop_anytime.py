@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import MPI_ENV, mpirun, processes_below
-from msdist.cluster import heartbeat, preemption
+from msdist.cluster import preemption
 from test_launch import EXACT_ARGS, Job
 from test_preemption import AGREED, BOUND_S, _assert_saved_at, _pending, _signal_mid_epoch_2
 
@@ -63,19 +63,6 @@ def _assert_saved_or_nothing_to_save(job, phase: str) -> None:
     assert job.leftovers() == []
 
 
-def _wait_for_phase(job, phase: str, limit_s: float = 240) -> None:
-    """Block until both ranks' heartbeats say `phase` (beats come every 2 s; start-up and compile last longer)."""
-    deadline = time.monotonic() + limit_s
-    paths = [heartbeat.path_for(os.path.join(job.output_dir, "logs"), rank) for rank in (0, 1)]
-    while time.monotonic() < deadline:
-        beats = [heartbeat.read(p) for p in paths]
-        if all(b is not None and b["phase"] == phase for b in beats):
-            return
-        assert job.proc.poll() is None, job.stderr()
-        time.sleep(0.05)
-    raise AssertionError(f"the ranks were never both in {phase!r}:\n{job.stderr()}")
-
-
 def _freeze_on_checkpoint_write(job) -> None:
     """Freeze both ranks as soon as a checkpoint file is being written (its tmp file exists), send SIGTERM to the
     launcher, and let them run on once it reached them: the signal lands in the middle of a write."""
@@ -93,6 +80,27 @@ def _freeze_on_checkpoint_write(job) -> None:
     _signal_all(pids, signal.SIGCONT)
 
 
+def _freeze_in_compile(job) -> None:
+    """Freeze each rank as its log says it is about to compile the train step (build_model's "gradients:" line comes
+    right before it), send SIGTERM to the launcher once both are frozen, and let them run on once it reached them: a
+    cold compile of the tiny model takes about a second, shorter than the heartbeat's 2 s between beats."""
+    pids = [job.wait_for_beat(rank)["pid"] for rank in (0, 1)]
+    logs = [os.path.join(job.output_dir, "logs", f"rank_{rank}.log") for rank in (0, 1)]
+    frozen, deadline = set(), time.monotonic() + 240
+    while len(frozen) < 2:
+        for rank, path in enumerate(logs):
+            if rank not in frozen and os.path.exists(path) and "gradients:" in open(path, encoding="utf-8").read():
+                os.kill(pids[rank], signal.SIGSTOP)
+                frozen.add(rank)
+        assert time.monotonic() < deadline and job.proc.poll() is None, job.stderr()
+        time.sleep(0.005)
+    job.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + _FROZEN_S
+    while not all(_pending(pid, signal.SIGTERM) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    _signal_all(pids, signal.SIGCONT)
+
+
 def _lose_a_rank_then_signal_during_the_restart(job) -> None:
     os.kill(job.wait_for_beat(1, at_least_step=3)["pid"], signal.SIGKILL)
     job.wait_for_text("restart 1 of 1")
@@ -101,7 +109,7 @@ def _lose_a_rank_then_signal_during_the_restart(job) -> None:
 
 _PHASES = {
     "start-up": lambda job: (job.wait_for_text("attempt 1: started"), job.proc.send_signal(signal.SIGTERM)),
-    "compile": lambda job: (_wait_for_phase(job, "compile"), job.proc.send_signal(signal.SIGTERM)),
+    "compile": _freeze_in_compile,
     "first step": lambda job: (job.wait_for_beat(0, at_least_step=1), job.proc.send_signal(signal.SIGTERM)),
     "evaluation": _signal_mid_epoch_2,     # frozen right after rank 1's epoch-1 save, before its evaluation
     "checkpoint write": _freeze_on_checkpoint_write,
