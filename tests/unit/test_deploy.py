@@ -237,6 +237,7 @@ _SLURM_STOPS = {
 }
 
 
+@pytest.mark.slow  # bash, the stand-ins and the relay: a dozen process trees (pytest.ini: slow starts processes)
 @pytest.mark.parametrize("launcher", ["mpirun", "srun", "msdist"])
 @pytest.mark.parametrize("stop", list(_SLURM_STOPS))
 def test_sbatch_saves_on_every_slurm_stop_and_requeues_only_after_the_time_limit(tmp_path, launcher, stop):

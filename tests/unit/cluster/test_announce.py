@@ -69,6 +69,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow  # the relay and its stand-in ranks are processes of their own
 @pytest.mark.parametrize("rank, status", [("saves", 200), ("fails", 1)])
 def test_the_relay_exits_200_only_when_every_rank_it_told_recorded_200(tmp_path, rank, status):
     """A rank records 200 once the checkpoint is complete on every rank (msdist.train); a rank that ends without

@@ -325,6 +325,7 @@ def test_the_plan_line_gives_the_bytes_per_step():
         "float32, normalized on the host (its consumer takes normalized images): 147.0 MiB per step")
 
 
+@pytest.mark.slow  # compiles and trains two networks per case
 @pytest.mark.parametrize("accum_steps", [1, 2])
 def test_the_step_normalizing_uint8_trains_as_the_host_normalized_batch(data_dir, accum_steps):
     """The same batches through both paths: losses and weights bit for bit equal on CPU (the graph's cast, subtract

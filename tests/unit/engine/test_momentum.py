@@ -38,6 +38,7 @@ def _state(optimizer):
     return {p.name: p.asnumpy().copy() for p in list(optimizer.parameters) + list(optimizer.moments)}
 
 
+@pytest.mark.slow  # compiles and trains two networks per case
 @pytest.mark.parametrize("backbone_lr_scale", [1.0, 0.5])   # one learning rate, and one per parameter group
 def test_without_overflow_the_masked_update_is_bitwise_nn_momentum(backbone_lr_scale):
     batches = _batches(3)
