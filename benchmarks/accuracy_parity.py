@@ -122,7 +122,8 @@ def summarize(results: Dict[str, Dict[int, dict]], ranks: int, margin: float) ->
 
 def table(summary: dict, setup: str) -> str:
     """The markdown table of `summarize`'s result."""
-    lines = [setup, "", "| arm | seeds | accuracy, mean | paired difference vs 1 rank (points) | 95% CI | TOST p | verdict |",
+    lines = [setup, "",
+             "| arm | seeds | accuracy, mean | paired difference vs 1 rank (points) | 95% CI | TOST p | verdict |",
              "|---|---|---|---|---|---|---|"]
     for arm, row in summary["arms"].items():
         mean = f"{row['mean']:.4f}" if row["mean"] is not None else "-"

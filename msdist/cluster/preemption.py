@@ -2,9 +2,9 @@
 
 What both sides of the protocol share, MindSpore-free: `--preempt_signal NAME` (`parse_signal`: SIGTERM by
 default; SIGUSR1 is msdist's stack-dump signal, heartbeat.STACK_DUMP_SIGNAL, and SIGINT stays "stop now", so
-neither can be it), the signals a scheduler may send (`CANDIDATES`), the signals that ask for a save (`stop_signals`) and
-the exit status of a rank that saved (`REQUEUE_EXIT`), which msdist.launch, the relay, the retry script and the
-sbatch take for "requeue, not failure" (docs/cluster.md).
+neither can be it), the signals a scheduler may send (`CANDIDATES`), the signals that ask for a save
+(`stop_signals`) and the exit status of a rank that saved (`REQUEUE_EXIT`), which msdist.launch, the relay, the
+retry script and the sbatch take for "requeue, not failure" (docs/cluster.md).
 
 SIGTERM always asks for a save (`stop_signals`): every scheduler sends it before its kill (Slurm on preemption and
 scancel, Kubernetes), so `--preempt_signal` adds a signal and never takes SIGTERM away.
