@@ -85,7 +85,8 @@ def train(started: startup.Started) -> int:
     model = build.build_model(run, dist, data, started.rt)
     rate = flops.rate_of(model.net, data.train_input.image_size, dist, run.model.amp_level,
                          started.rt.threads_per_rank)
-    initial_weights = distributed.params_checksum(model.net)  # before any resume: result.json's pairing
+    # Before any resume: result.json's pairing, which rank 0 alone writes.
+    initial_weights = distributed.params_checksum(model.net) if dist.is_main else None
     beat.enter(Phase.START_UP)  # resume, and the first collectives wait for the ranks still compiling
     outcome = Trainer(run, dist, collectives, data, model, beat, launch.kind, listener, rate).fit()
     if outcome.preempted:  # complete on every rank: said now, as mpirun and msrun kill the others once one exits

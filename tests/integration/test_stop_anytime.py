@@ -63,6 +63,23 @@ def _assert_saved_or_nothing_to_save(job, phase: str) -> None:
     assert job.leftovers() == []
 
 
+def _signal_launcher_while_frozen(job, pids) -> None:
+    """SIGTERM to the launcher while the ranks `pids` are stopped; they run on once it is pending in each (or after
+    _FROZEN_S: a listener thread in sigwait may take it off the pending set even while its process is stopped)."""
+    job.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + _FROZEN_S
+    while not all(_pending(pid, signal.SIGTERM) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    _signal_all(pids, signal.SIGCONT)
+
+
+def _log_says(path: str, text: str) -> bool:
+    if not os.path.exists(path):
+        return False
+    with open(path, encoding="utf-8") as f:
+        return text in f.read()
+
+
 def _freeze_on_checkpoint_write(job) -> None:
     """Freeze both ranks as soon as a checkpoint file is being written (its tmp file exists), send SIGTERM to the
     launcher, and let them run on once it reached them: the signal lands in the middle of a write."""
@@ -73,11 +90,7 @@ def _freeze_on_checkpoint_write(job) -> None:
         assert time.monotonic() < deadline and job.proc.poll() is None, job.stderr()
         time.sleep(0.005)
     _signal_all(pids, signal.SIGSTOP)
-    job.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + _FROZEN_S
-    while not all(_pending(pid, signal.SIGTERM) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    _signal_all(pids, signal.SIGCONT)
+    _signal_launcher_while_frozen(job, pids)
 
 
 def _freeze_in_compile(job) -> None:
@@ -89,16 +102,12 @@ def _freeze_in_compile(job) -> None:
     frozen, deadline = set(), time.monotonic() + 240
     while len(frozen) < 2:
         for rank, path in enumerate(logs):
-            if rank not in frozen and os.path.exists(path) and "gradients:" in open(path, encoding="utf-8").read():
+            if rank not in frozen and _log_says(path, "gradients:"):
                 os.kill(pids[rank], signal.SIGSTOP)
                 frozen.add(rank)
         assert time.monotonic() < deadline and job.proc.poll() is None, job.stderr()
         time.sleep(0.005)
-    job.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + _FROZEN_S
-    while not all(_pending(pid, signal.SIGTERM) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    _signal_all(pids, signal.SIGCONT)
+    _signal_launcher_while_frozen(job, pids)
 
 
 def _lose_a_rank_then_signal_during_the_restart(job) -> None:
