@@ -76,7 +76,7 @@ def plan_main(argv) -> int:
         return 0
     with alike_on_every_rank():
         cfg = config.parse(argv, PLAN_OPTIONS, prog="msdist.check --plan")
-    startup.run_checks(cfg, launch.world_size, startup.OPTION_CHECKS)
+    startup.run_checks(cfg, launch.world_size, startup.PLANNED_CHECKS)
     probe = device.host_probe(os.environ, cfg.host_root)
     chosen = startup.decide_device(cfg, launch, probe)  # what training decides at start-up, refusals included
     run = run_plan.resolve(cfg, launch.world_size, chosen)  # as training resolves it at start-up

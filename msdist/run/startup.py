@@ -118,8 +118,10 @@ def check_ckpt(cfg, world_size: int) -> None:
 # What the options alone decide, and what needs this host's files (a launcher on node 0 cannot see node 1's).
 OPTION_CHECKS: Tuple[Check, ...] = (check_model, check_batch_split, check_frozen_backbone)
 PATH_CHECKS: Tuple[Check, ...] = (check_data_dir, check_output_dir, check_resume_path, check_pretrained_path)
-# Training's batch split is refused by its plan (`run_plan.resolve_batch`), resolved once after these.
-TRAIN_CHECKS: Tuple[Check, ...] = tuple(c for c in OPTION_CHECKS if c is not check_batch_split) + PATH_CHECKS
+# A face that resolves a run plan (training, `msdist.check --plan`) has its batch split refused by the plan
+# (`run_plan.resolve_batch`), resolved once after these: the checkpoint resumed is read once.
+PLANNED_CHECKS: Tuple[Check, ...] = tuple(c for c in OPTION_CHECKS if c is not check_batch_split)
+TRAIN_CHECKS: Tuple[Check, ...] = PLANNED_CHECKS + PATH_CHECKS
 EVAL_CHECKS: Tuple[Check, ...] = (check_ckpt, check_model, check_per_rank_batch, check_data_dir, check_output_dir)
 
 

@@ -180,6 +180,7 @@ def test_the_compile_check_runs_only_when_the_batch_shape_changes(monkeypatch, a
     assert counts == [first, first, first, first + per_change, first + per_change, first + 2 * per_change]
 
 
+@pytest.mark.slow  # trains two networks per case, compiling each at every batch shape
 @pytest.mark.parametrize("accum_steps", [1, 2])
 def test_skipping_the_check_gives_the_losses_and_weights_of_checking_every_run(accum_steps):
     from msdist.engine import step

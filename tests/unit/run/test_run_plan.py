@@ -153,3 +153,17 @@ def test_the_join_verifies_start_up_s_device_and_decides_nothing_again(monkeypat
     monkeypatch.setattr(device, "host_probe", lambda *a, **k: pytest.fail("the device was planned again"))
     planned = device.DevicePlan("auto", "CPU", "auto: no NVIDIA hardware on this host")
     assert distributed.verify_device(planned, launch_env.detect_launch({})) is planned
+
+
+def test_check_plan_reads_the_resumed_checkpoint_once_as_training_does(monkeypatch, tmp_path, capsys):
+    """`msdist.check --plan --resume F` resolves the batch in its plan only: one read of F's recorded layout."""
+    from msdist import check
+    from msdist.run import options
+    reads = []
+    monkeypatch.setattr(options, "resumed_slots", lambda cfg, world_size: reads.append(cfg.resume) or None)
+    for name in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MS_ROLE", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    assert check.plan_main(["--output_dir", str(tmp_path), "--resume", str(tmp_path / "a.ckpt"),
+                            "--device_target", "CPU", "--num_classes", "4"]) == 0
+    assert reads == [str(tmp_path / "a.ckpt")]
+    assert "[rank 0] device: CPU" in capsys.readouterr().out
