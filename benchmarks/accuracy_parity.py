@@ -73,7 +73,18 @@ def paired_difference(baseline: Sequence[float], arm: Sequence[float], margin: f
         verdict = "better"
     else:
         verdict = "inconclusive"
-    return {"pairs": n, "mean": mean, "sd": sd, "ci95": [low, high], "tost_p": p_tost, "verdict": verdict}
+    return {"pairs": n, "mean": mean, "sd": sd, "ci95": [low, high], "tost_p": p_tost, "verdict": verdict,
+            "decidable_margin": stats.t.ppf(1 - ALPHA, n - 1) * se, "seeds_for_margin": seeds_for_margin(sd, margin)}
+
+
+def seeds_for_margin(sd: float, margin: float, most: int = 100000) -> int:
+    """How many paired seeds TOST needs to show equivalence within +-`margin` points when the paired differences
+    have this `sd` and their true mean is 0: the least n with t(1 - alpha, n - 1) * sd / sqrt(n) < margin.
+    (The run's own `decidable_margin` is that half-width at its n: the narrowest margin it could confirm.)"""
+    n = 2
+    while n < most and stats.t.ppf(1 - ALPHA, n - 1) * sd / math.sqrt(n) >= margin:
+        n = n + 1 if n < 100 else int(n * 1.05) + 1
+    return n
 
 
 def sampling_error(accuracy: float, test_images: int) -> float:
@@ -142,6 +153,12 @@ def table(summary: dict, setup: str) -> str:
                       f"{noise['one_rank_sd_points'] or 0:.2f} points); the test set's sampling error is "
                       f"{noise['sampling_error_points']:.2f} points ({noise['test_images']} images). "
                       f"Margin +-{summary['margin_points']} points, TOST at alpha {summary['alpha']}."]
+    for arm, row in summary["arms"].items():
+        diff = row.get("vs_1_rank")
+        if diff and diff.get("decidable_margin") is not None:
+            lines.append(f"{arm}: at this spread (sd {diff['sd']:.2f} points over {diff['pairs']} seeds) the "
+                         f"narrowest margin TOST could confirm is +-{diff['decidable_margin']:.2f} points; "
+                         f"+-{summary['margin_points']} needs about {diff['seeds_for_margin']} paired seeds.")
     if summary["unpaired"]:
         lines.append(f"Left out, not paired with the 1-rank run of their seed: {', '.join(summary['unpaired'])}.")
     return "\n".join(lines) + "\n"

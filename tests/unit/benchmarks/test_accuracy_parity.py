@@ -81,3 +81,18 @@ def test_summary_pairs_seeds_and_names_an_unpaired_run():
     # seeds 1 and 3 both lost 1 point: a point interval beyond the margin
     assert "| 2 ranks | 2 | 0.9100 | -1.00 | [-1.00, -1.00] | 1.000 | worse |" in text
     assert "not paired with the 1-rank run of their seed: 2 ranks seed 2, 2 ranks, sync_bn seed 2" in text
+
+
+def test_the_table_says_which_margin_the_spread_could_decide_and_how_many_seeds_the_stated_one_needs():
+    # differences -1, 0, 1, 2, 3 points: sd sqrt(2.5), se sqrt(0.5); decidable margin t(0.95, 4) * se = 1.5074
+    out = parity.paired_difference([0.50, 0.60, 0.70, 0.80, 0.90], [0.49, 0.60, 0.71, 0.82, 0.93], margin=0.5)
+    assert out["decidable_margin"] == pytest.approx(2.1318 * math.sqrt(0.5), abs=1e-3)
+    # least n with t(0.95, n-1) * sqrt(2.5) / sqrt(n) < 0.5: n = 29 (t(0.95, 28) = 1.7011 -> 0.4995), n = 28 gives
+    # t(0.95, 27) = 1.7033 -> 0.5090
+    assert out["seeds_for_margin"] == 29
+    assert parity.seeds_for_margin(math.sqrt(2.5), 0.5) == 29
+    summary = parity.summarize({parity.ONE_RANK: {s: _result(a) for s, a in enumerate([0.50, 0.60, 0.70, 0.80, 0.90])},
+                                "2 ranks": {s: _result(a) for s, a in enumerate([0.49, 0.60, 0.71, 0.82, 0.93])},
+                                "2 ranks, sync_bn": {}}, 2, 0.5)
+    assert "2 ranks: at this spread (sd 1.58 points over 5 seeds) the narrowest margin TOST could confirm is " \
+           "+-1.51 points; +-0.5 needs about 29 paired seeds." in parity.table(summary, "setup")
