@@ -86,14 +86,13 @@ def draining_end(previous: View, me: str, phases: Dict[str, str], gone: Sequence
     return None
 
 
-def settle(peers: Peers, view: View, forwarder: Forwarder, newer: Callable[[], Optional[View]], summary: str,
+def settle(peers: Peers, view: View, forwarder: Forwarder, newer: Callable[[], Optional[View]],
            min_nodes: int) -> Tuple[str, Optional[View]]:
     """After every rank of `view` saved on a stop request: wait out the window, then until a draining node's end.
 
     Args:
         forwarder: this launcher's (its `requested_at`: when it got its first stop signal).
         newer: the view decided after `view`, if any.
-        summary: the save's line (failures.Failure.summary).
 
     Returns:
         ("staying", None): this node goes on (elastic's `_next`, with `next_view`); (DRAINED, the newer view) or
@@ -102,15 +101,15 @@ def settle(peers: Peers, view: View, forwarder: Forwarder, newer: Callable[[], O
     saved_at = time.monotonic()
     if after_save(forwarder.requested_at, saved_at, saved_at) == "waiting":
         peers.set("saved")
-        say(f"{summary}; the stop signal reached another node: waiting {DRAIN_WINDOW_S:g} s for one here before "
+        say(f"every rank saved on a stop signal another node got: waiting {DRAIN_WINDOW_S:g} s for one here before "
             "the job goes on without the node(s) signalled (a drain)")
     while (now := after_save(forwarder.requested_at, saved_at, time.monotonic())) == "waiting":
         time.sleep(_WAIT_S)
     if now == "staying":
         return now, None
     peers.set("draining")
-    say(f"{summary}; this node was signalled: it leaves the job (a drain), which goes on without it if at least "
-        f"{min_nodes} node(s) stay, else stops here (every node then exits {REQUEUE_EXIT})")
+    say(f"this node was signalled and every rank saved: it leaves the job (a drain), which goes on without it if at "
+        f"least {min_nodes} node(s) stay, else stops here (every node then exits {REQUEUE_EXIT})")
     while True:
         phases = {m: p for m in view.members for p in ("draining", "preempted")
                   if peers.in_phase(m, p, view.generation)}

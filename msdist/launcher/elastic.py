@@ -130,13 +130,14 @@ class _Elastic:
         if failure is None:
             return self._end("done", "all ranks finished", 0)
         if failure.requeue and not admitting:   # a drain, or a stop of the whole job (msdist.launcher.drain)
-            end, newer = drain.settle(self.peers, view, self.forwarder, lambda: self._newer(view), failure.summary(),
-                                      self.nodes.min)
+            end, newer = drain.settle(self.peers, view, self.forwarder, lambda: self._newer(view), self.nodes.min)
             if end == drain.DRAINED:
                 return self._end(drain.DRAINED, f"drained: the job goes on as membership {newer.generation} on "
                                  f"{len(newer.members)} node(s) without this node", drain.DRAINED_EXIT)
-            return self._end("preempted", f"no node stays: {failure.summary()}", preemption.REQUEUE_EXIT) \
-                if end == "stopped" else None
+            if end == "stopped":
+                return self._end("preempted", f"the job stops (no node goes on): {failure.summary()}",
+                                 preemption.REQUEUE_EXIT)
+            return None   # this node stays: the job re-forms without the draining nodes, or stops (_next)
         if failure.user_error or self.forwarder.requested_at is not None:
             report_failure(failure, time.monotonic() - failure.seen_at, self.plan.log_dir)
             why = "fix the error above first" if failure.user_error else "the job is being preempted"
