@@ -63,10 +63,9 @@ def next_view(previous: View, gone: Dict[str, str], waiting: Sequence[str], node
     if DRAINED not in gone.values():
         raise JobStops("no node's launcher was signalled: a stop of the whole job")
     try:
-        change = decide(previous, set(gone), waiting, nodes)
+        return decide(previous, set(gone), waiting, nodes)
     except TooFewNodes as e:
         raise JobStops(f"the job stops: {e}") from None
-    return change
 
 
 def draining_end(previous: View, me: str, phases: Dict[str, str], gone: Sequence[str],

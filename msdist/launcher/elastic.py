@@ -129,7 +129,9 @@ class _Elastic:
         """This launcher's exit status when the attempt's end is the job's (None: the job re-forms)."""
         if failure is None:
             return self._end("done", "all ranks finished", 0)
-        if failure.requeue and not admitting:   # a drain, or a stop of the whole job (msdist.launcher.drain)
+        # A drain, or a stop of the whole job (msdist.launcher.drain); during an admission's save, only a node
+        # signalled itself drains: the others re-form at once, with the newcomer, counting it as drained.
+        if failure.requeue and (not admitting or self.forwarder.requested_at is not None):
             end, newer = drain.settle(self.peers, view, self.forwarder, lambda: self._newer(view), self.nodes.min)
             if end == drain.DRAINED:
                 return self._end(drain.DRAINED, f"drained: the job goes on as membership {newer.generation} on "

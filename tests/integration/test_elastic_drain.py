@@ -9,7 +9,9 @@ module fixture. A signal is a SIGTERM to a launcher alone (never to its ranks), 
   the drained status, nodes 1 and 2 go on from that very step and finish;
 * at MIN: 2 nodes, `--nnodes 2:3`, node 1 signalled: one node would stay, below MIN, so both exit 200;
 * whole job: 2 nodes, `--nnodes 1:2`, both signalled 2 s apart: one checkpoint and 200 on both, although one
-  node alone could go on (MIN 1): the window after the save (msdist.launcher.drain) tells the two apart.
+  node alone could go on (MIN 1): the window after the save (msdist.launcher.drain) tells the two apart;
+* admission: 2 nodes, `--nnodes 2:3`, a third started late; node 1 signalled as the job saves to admit it:
+  node 1 leaves, the newcomer joins, the job goes on with nodes 0 and 2.
 """
 import json
 import os
@@ -29,8 +31,10 @@ from test_two_hosts import _delete_namespaces, _ip
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 # 192 images in batches of 12 (a multiple of MAX x -n = 3 and 2): 16 steps per epoch, 48 in all.
-ARGS = ["--config", TINY_CONFIG, "--data_dir", DATA_DIR, "--batch_size", "12", "--epochs", "3", "--log_every", "8"]
-STEPS = 48
+_TINY = ["--config", TINY_CONFIG, "--data_dir", DATA_DIR, "--batch_size", "12"]
+ARGS, STEPS = _TINY + ["--epochs", "3", "--log_every", "8"], 48
+# A run a node joins must still be going when it comes (its start-up takes seconds): 12 epochs.
+LATE_ARGS, LATE_STEPS = _TINY + ["--epochs", "12", "--log_every", "48"], 192
 SIGNAL_AT_STEP = 4
 WHOLE_JOB_SPREAD_S = 2.0
 RUN_LIMIT_S = 420
@@ -70,13 +74,13 @@ def hosts():
     _delete_namespaces([f"{prefix}h"] + [ns for ns, _ in created])
 
 
-def _node(tmp, name, hosts, node, port, nnodes, wait_for_nodes) -> Job:
+def _node(tmp, name, hosts, node, port, nnodes, wait_for_nodes, args=ARGS) -> Job:
     """One `msdist.launch -n 1 --nnodes <nnodes>` in host `node`'s namespace, on its own core. `wait_for_nodes`:
     long enough for every node of the run to be in the first formation (an admission is a save of its own)."""
     ns, master = hosts[node][0], hosts[0][1]
     return Job(tmp, f"{name}_node{node}", ["-n", "1", "--nnodes", nnodes, "--node_rank", str(node), "--master_addr",
                                             master, "--master_port", str(port), "--wait_for_nodes",
-                                            str(wait_for_nodes)], ARGS,
+                                            str(wait_for_nodes)], args,
                output_name=name, command=["ip", "netns", "exec", ns, "taskset", "-c", str(node % os.cpu_count()),
                                           sys.executable, "-m", "msdist.launch"])
 
@@ -99,6 +103,23 @@ def _signal(jobs, nodes, spread_s=0.0) -> dict:
     return record
 
 
+def _signal_on_admission(tmp, hosts, jobs, port) -> dict:
+    """From a thread: start node 2 once node 0's rank trains; SIGTERM node 1's launcher once node 0 says the job
+    saves to admit node 2."""
+    record = {}
+
+    def send():
+        jobs[0].wait_for_beat(0, at_least_step=1)
+        jobs[2] = _node(tmp, "admit", hosts, 2, port, "2:3", 0, LATE_ARGS)
+        jobs[0].wait_for_text("a node asks to join")
+        jobs[1].proc.send_signal(signal.SIGTERM)
+        record[1] = time.monotonic()
+
+    record["thread"] = threading.Thread(target=send, daemon=True)
+    record["thread"].start()
+    return record
+
+
 @pytest.fixture(scope="module")
 def runs(hosts, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("drain")
@@ -106,11 +127,13 @@ def runs(hosts, tmp_path_factory):
     # Node 0 forms the job once MAX nodes asked, or MIN nodes and --wait_for_nodes later.
     started = {"drain": {n: _node(tmp, "drain", hosts, n, port, "2:3", 120) for n in (2, 1, 0)},
                "at_min": {n: _node(tmp, "at_min", hosts, n, port + 2, "2:3", 0) for n in (1, 0)},
-               "whole": {n: _node(tmp, "whole", hosts, n, port + 4, "1:2", 120) for n in (1, 0)}}
+               "whole": {n: _node(tmp, "whole", hosts, n, port + 4, "1:2", 120) for n in (1, 0)},
+               "admit": {n: _node(tmp, "admit", hosts, n, port + 6, "2:3", 0, LATE_ARGS) for n in (1, 0)}}
     started["signals"] = {"drain": _signal(started["drain"], [0]), "at_min": _signal(started["at_min"], [1]),
-                          "whole": _signal(started["whole"], [0, 1], WHOLE_JOB_SPREAD_S)}
+                          "whole": _signal(started["whole"], [0, 1], WHOLE_JOB_SPREAD_S),
+                          "admit": _signal_on_admission(tmp, hosts, started["admit"], port + 6)}
     yield started
-    for name in ("drain", "at_min", "whole"):
+    for name in ("drain", "at_min", "whole", "admit"):
         for job in started[name].values():
             if job.proc.poll() is None:
                 job.proc.kill()
@@ -188,4 +211,25 @@ def test_a_stop_of_every_node_seconds_apart_ends_the_job_with_one_checkpoint(run
     assert step == step1 and _newest_checkpoint_step(jobs[0], 0) == step == _newest_checkpoint_step(jobs[0], 1)
     for job in jobs.values():
         assert not _membership_lines(job) and "drained:" not in job.stderr(), job.stderr()
+    assert all(job.leftovers() == [] for job in jobs.values())
+
+
+def test_a_node_signalled_while_the_job_saves_to_admit_another_drains(runs, hosts):
+    """Node 1's launcher signalled during the admission's save: it leaves (at once, or from the next attempt if
+    the signal came after its ranks' exit), node 2 joins, and nodes 0 and 2 finish. Every membership resumes
+    at a step all ranks agreed on: never an older one."""
+    _signalled(runs, "admit", [1])
+    jobs = runs["admit"]
+    codes = {n: jobs[n].wait(limit_s=RUN_LIMIT_S) for n in (0, 1, 2)}
+    assert codes == {0: 0, 1: DRAINED_EXIT, 2: 0}, "\n".join(jobs[n].stderr() for n in (0, 1, 2))
+    assert "msdist.launch: drained: the job goes on as membership" in jobs[1].stderr()
+    with open(os.path.join(jobs[0].output_dir, "logs", "membership.jsonl"), encoding="utf-8") as f:
+        records = [json.loads(line) for line in f]
+    assert records[-1]["nodes"] == [hosts[0][1], hosts[2][1]]
+    assert {"node": hosts[1][1], "why": "drained"} in [left for r in records for left in r["left"]]
+    [agreed] = _agreed_steps(jobs[0], [0])
+    assert [r["resumed_from_step"] for r in records] == agreed, (records, agreed)
+    with open(os.path.join(jobs[0].output_dir, "result.json"), encoding="utf-8") as f:
+        assert json.load(f)["world_size"] == 2
+    assert _newest_checkpoint_step(jobs[0], 0) == LATE_STEPS
     assert all(job.leftovers() == [] for job in jobs.values())
