@@ -11,6 +11,8 @@ the attempts (msdist.launcher.supervisor.run_attempt) of one launcher under the 
 * a node asking to join, while the view has fewer than MAX nodes: node 0 says "saving", every launcher sends
   its ranks the preemption signal, so they save a complete checkpoint at one agreed step and exit with
   preemption.REQUEUE_EXIT (msdist.cluster.preemption); then "reforming": nothing is lost;
+* a stop signal to a launcher: every rank saves at one agreed step and exits 200; then the nodes signalled
+  leave (a drain) and the others go on, or the job stops (msdist.launcher.drain tells the two apart);
 * reforming: the first member of the old view not gone (membership.leader) waits until every other member is
   reforming or gone, decides the next view, claims it (an exclusive file in the shared --output_dir: two sides
   of a network partition can never both go on under one generation) and publishes it; every member adopts it
@@ -33,6 +35,7 @@ from msdist.base.errors import ConfigError
 from msdist.base.files import rank_log_path
 from msdist.base.launch_env import BATCH_SLOTS_VAR, RESUME_FROM_RANK0_VAR
 from msdist.cluster import preemption
+from msdist.launcher import drain
 from msdist.launcher import peers as peers_mod
 from msdist.launcher.failures import Failure
 from msdist.launcher.forwarder import Forwarder
@@ -100,13 +103,15 @@ class _Elastic:
             failure = run_attempt(self._plan_for(view), train_args, attempt, joined, self.forwarder, watch.check)
             watch.announce(watch.resumed_step())
             attempt += 1
-            status = self._ended(failure, watch.admitting)
+            status = self._ended(failure, watch.admitting, view)
             if status is not None:
                 return status
             self.peers.set("reforming")
             self.seen_gone = watch.seen_gone
             try:
-                change = self._next(view)
+                change = self._next(view, stop_save=failure.requeue and not watch.admitting)
+            except drain.JobStops as e:
+                return self._end("preempted", f"{e}; {failure.summary()}", preemption.REQUEUE_EXIT)
             except (TooFewNodes, _LeftOut) as e:
                 return self._end("failed", f"FAILED: {e}", 1)
             if change.view.members == view.members and not (failure.requeue or failure.reform):
@@ -120,12 +125,21 @@ class _Elastic:
             view = change.view
             train_args = self.plan.train_args + ["--resume", "auto"]
 
-    def _ended(self, failure: Optional[Failure], admitting: bool) -> Optional[int]:
+    def _ended(self, failure: Optional[Failure], admitting: bool, view: View) -> Optional[int]:
         """This launcher's exit status when the attempt's end is the job's (None: the job re-forms)."""
         if failure is None:
             return self._end("done", "all ranks finished", 0)
-        if failure.requeue and not admitting:
-            return self._end("preempted", failure.summary(), preemption.REQUEUE_EXIT)
+        # A drain, or a stop of the whole job (msdist.launcher.drain); during an admission's save, only a node
+        # signalled itself drains: the others re-form at once, with the newcomer, counting it as drained.
+        if failure.requeue and (not admitting or self.forwarder.requested_at is not None):
+            end, newer = drain.settle(self.peers, view, self.forwarder, lambda: self._newer(view), self.nodes.min)
+            if end == drain.DRAINED:
+                return self._end(drain.DRAINED, f"drained: the job goes on as membership {newer.generation} on "
+                                 f"{len(newer.members)} node(s) without this node", drain.DRAINED_EXIT)
+            if end == "stopped":
+                return self._end("preempted", f"the job stops (no node goes on): {failure.summary()}",
+                                 preemption.REQUEUE_EXIT)
+            return None   # this node stays: the job re-forms without the draining nodes, or stops (_next)
         if failure.user_error or self.forwarder.requested_at is not None:
             report_failure(failure, time.monotonic() - failure.seen_at, self.plan.log_dir)
             why = "fix the error above first" if failure.user_error else "the job is being preempted"
@@ -205,22 +219,28 @@ class _Elastic:
 
     # ------------------------------------------------------------ re-forming
 
-    def _next(self, view: View) -> Change:
-        """After this node stopped its ranks: the next view, decided here (the leader) or adopted."""
+    def _next(self, view: View, stop_save: bool = False) -> Change:
+        """After this node stopped its ranks: the next view, decided here (the leader) or adopted. `stop_save`:
+        every rank saved on a stop request; the draining nodes leave (msdist.launcher.drain).
+
+        Raises:
+            drain.JobStops: after a stop save, the job ends here instead.
+        """
         began = time.monotonic()
         while True:
             gone = self.peers.gone(view)
             gone.update({m: why for m, why in self.seen_gone.items() if m in gone})  # as first seen
-            if time.monotonic() - began > _STOP_LIMIT_S:  # answers, but its ranks never stop: not a hang either
-                gone.update({m: f"did not stop its ranks within {_STOP_LIMIT_S:.0f} s" for m in view.members
-                             if m != self.me and not self.peers.in_phase(m, "reforming", view.generation)})
             for m in view.members:   # ended (its ranks finished, or saved on a preemption): not coming back
                 state = self.peers.state_of(m) or {}
                 if m != self.me and state.get("phase") in peers_mod.ENDED:
                     gone.setdefault(m, state["phase"])
-            newer = self.peers.newest_view(view.job)
-            if newer is None or newer.generation <= view.generation:
-                newer = self._claimed(view)   # decided by a node this one cannot hear (a partition)
+                if m != self.me and self.peers.in_phase(m, "draining", view.generation):
+                    gone[m] = drain.DRAINED   # also once it went silent: a drained node may be killed after its save
+            if time.monotonic() - began > _STOP_LIMIT_S:  # answers, but its ranks never stop: not a hang either
+                gone.update({m: f"did not stop its ranks within {_STOP_LIMIT_S:.0f} s" for m in view.members
+                             if m != self.me and m not in gone and
+                             not self.peers.in_phase(m, "reforming", view.generation)})
+            newer = self._newer(view)
             if newer is not None:
                 if self.me not in newer.members:
                     raise _LeftOut(f"the job went on as membership {newer.generation} without this node (a network "
@@ -228,7 +248,9 @@ class _Elastic:
                 self._check_claim(newer)
                 return _changed(view, newer, gone)
             if leader(view, set(gone)) == self.me and self._all_stopped(view, gone):
-                change = decide(view, set(gone), self.peers.waiting(), self.nodes)
+                waiting = self.peers.waiting()
+                change = drain.next_view(view, gone, waiting, self.nodes) if stop_save else \
+                    decide(view, set(gone), waiting, self.nodes)
                 change = Change(change.view, change.left, change.joined, gone)
                 if self._claim(change.view):   # else claimed by another node first: follow it, or leave
                     self.peers.set("reforming", change.view)
@@ -238,6 +260,11 @@ class _Elastic:
     def _all_stopped(self, view: View, gone: Dict[str, str]) -> bool:
         return all(m == self.me or m in gone or self.peers.in_phase(m, "reforming", view.generation)
                    for m in view.members)
+
+    def _newer(self, view: View) -> Optional[View]:
+        """The view decided after `view`, heard from a node or claimed by one this node cannot hear (a partition)."""
+        newer = self.peers.newest_view(view.job)
+        return newer if newer is not None and newer.generation > view.generation else self._claimed(view)
 
     def _claim_path(self, view: View) -> str:
         return os.path.join(self.plan.log_dir, "membership", f"{view.job}-{view.generation}.json")

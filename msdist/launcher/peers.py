@@ -4,7 +4,7 @@ Each launcher runs a tiny TCP service on its own address, port --master_port + 1
 knows twice a second (`POLL_S`). A poll is one JSON line each way: the asker's state, then the answerer's,
 so both learn each other's state and address from one exchange. A state is
 
-    {"id": "IP:PORT", "phase": waiting|running|saving|reforming|done|preempted|failed,
+    {"id": "IP:PORT", "phase": waiting|running|saving|saved|draining|reforming|done|preempted|drained|failed,
      "view": {"job", "generation", "members"} or null, "nproc": N, "node_rank": the --node_rank it started with}
 
 A node that has not answered for `MEMBER_TIMEOUT_S` is lost (its launcher killed, its host or its network
