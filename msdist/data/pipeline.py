@@ -160,7 +160,10 @@ class Batches:
         self.dataset, self.files = dataset, files
 
     def create_tuple_iterator(self, **kwargs):
-        iterator = self.dataset.create_tuple_iterator(**kwargs)
+        return self.rows(self.dataset.create_tuple_iterator(**kwargs))
+
+    def rows(self, iterator):
+        """The rows of `iterator` over this dataset (its own, or a DatasetHelper's), a read failure named."""
         while True:
             try:
                 row = next(iterator)

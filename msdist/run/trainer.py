@@ -21,12 +21,13 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+from msdist.base.errors import DataError
 from msdist.cluster.phases import Phase
 from msdist.cluster.preemption import REQUEUE_EXIT
-from msdist.data import pipeline, prefetch
-from msdist.engine import bn_stats, loss_scale, optim, reducers
+from msdist.data import pipeline
+from msdist.engine import bn_stats, loss_scale, optim, reducers, sink
 from msdist.rank import distributed, preempt_stop
-from msdist.run import checkpoint, evaluation, resume_point, run_plan
+from msdist.run import checkpoint, chunks, evaluation, feed, resume_point, run_plan
 from msdist.run.background_save import BackgroundSaver
 from msdist.run.build import Data, Model
 from msdist.run.checkpoint_model import model_meta
@@ -90,6 +91,9 @@ class Trainer:
         self.listener, self.flop_rate = listener, flop_rate
         self.stop: Optional[preempt_stop.Agreement] = None
         self.profiler: Optional[StepProfiler] = None   # --profile_steps, on the ranks it covers
+        # Where chunks end (run/chunks.py), and the Cell a sunk call runs (GPU, K > 1; else None).
+        self.limits = chunks.Limits(self.schedule.log_every, self.schedule.save_every_steps, self.schedule.max_steps)
+        self.sunk_step = sink.sunk_step(model.train_step, model.ema, dist.device_target, self.schedule.sink_size)
         # What the stall watch scales a save's and an evaluation's allowance from.
         self._state_bytes = sum(p.nbytes for p in model.net.get_parameters()) + \
             sum(p.nbytes for p in state_parameters(model))
@@ -185,21 +189,59 @@ class Trainer:
         return at.epoch == self.schedule.epochs or bool(every_epochs) and at.epoch % every_epochs == 0
 
     def _train_epoch(self, at: Position) -> Position:
-        """The optimizer steps of the epoch `at` is in (or begins), from where it stands; stop early at max_steps."""
+        """The optimizer steps of the epoch `at` is in (or begins), from where it stands, in chunks of up to
+        `--sink_size` steps (run/chunks.py); the boundary work after each chunk; stop early at max_steps or a stop."""
         epoch, skip = at.next_epoch(self.steps_per_epoch), at.skip(self.steps_per_epoch)
         self.beat.enter(Phase.DATA_WAIT)  # building the epoch's pipeline and its first batch
         batches = pipeline.build_train_dataset(self.data.train, self.data.train_input, epoch, skip_steps=skip)
+        lengths = list(chunks.epoch_lengths(at.global_step, skip, self.steps_per_epoch, self.schedule.sink_size,
+                                            self.limits))
+        source = feed.open_feed(batches, self.schedule.sink_size, lengths, self.sunk_step)
         self.watch.start_epoch(at)
-        # The next batch is fetched while this one's step runs (its graph releases the GIL): data/prefetch.py.
-        for images, labels in prefetch.one_ahead(batches.create_tuple_iterator(num_epochs=1)):
+        try:
+            for length in lengths:
+                at = self._sunk_chunk(source, at, length) if source.sunk else self._host_chunk(source, at, length)
+                self.background.raise_failure()  # a failed background write stops the run within a chunk
+                self._save_by_steps(at)
+                if self._reached(at) or self._stop_agreed(at):
+                    break
+        finally:
+            source.close()
+        return at
+
+    def _host_chunk(self, source: feed.HostFeed, at: Position, length: int) -> Position:
+        """`length` steps, one call each, their batches from the host (the next fetched while a step runs:
+        data/prefetch.py); the step line and the heartbeat after the last."""
+        for left in range(length - 1, -1, -1):
+            images, labels = source.next_batch()
             self.beat.enter(Phase.TRAIN_STEP)
             data_s = self.watch.meter.data_ready()
             at = self._train_step(images, labels, at)
-            self._report(at, data_s)
-            self.background.raise_failure()  # a failed background write stops the run within a step
-            self._save_by_steps(at)
-            if self._reached(at) or self._stop_agreed(at):
-                break
+            if left:
+                self.watch.meter.step_done()
+        self._report(at, data_s)
+        return at
+
+    def _sunk_chunk(self, source: feed.SunkFeed, at: Position, length: int) -> Position:
+        """GPU: `length` (= K) steps and their EMA updates in one sunk call; the step line and the heartbeat after."""
+        self.beat.enter(Phase.TRAIN_STEP)
+        data_s = self.watch.meter.data_ready()  # the batches wait in the device's queue
+        if self.profiler is not None:
+            self.profiler.before_step(at.global_step + 1)
+        began = time.perf_counter()
+        try:
+            source.run_chunk()
+        except RuntimeError as e:  # MindSpore's GetNext timeout: the input pipeline fell behind
+            line = feed.input_stall(str(e), self.dist.rank, time.perf_counter() - began, at.global_step)
+            if line is None:
+                raise
+            raise DataError(line) from None
+        self.model.train_step.losses.step_done(length)
+        if self.profiler is not None:
+            self.profiler.after_step(at.global_step + length)
+        self.watch.meter.step_done(steps=length - 1)  # `_report` counts the last
+        at = Position.at(at.global_step + length, self.steps_per_epoch)
+        self._report(at, data_s)
         return at
 
     def _stop_agreed(self, at: Position) -> bool:
