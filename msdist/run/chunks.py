@@ -13,7 +13,7 @@ same chunks from the same values.
 """
 from dataclasses import dataclass
 from math import gcd
-from typing import Iterator, List, Union
+from typing import Iterator, List, Tuple, Union
 
 from msdist.base.errors import ConfigError
 
@@ -60,9 +60,24 @@ def epoch_lengths(global_step: int, step: int, steps_per_epoch: int, k: int, lim
         global_step, step = global_step + length, step + length
 
 
-def all_full(lengths: List[int], k: int) -> bool:
-    """Whether every chunk is exactly K steps: what one sunk dataset per epoch can run (`feed`)."""
-    return all(length == k for length in lengths)
+def segments(lengths: List[int], k: int, sinks: bool) -> List[Tuple[bool, List[int]]]:
+    """An epoch's chunks grouped by how they run: (sunk, their lengths), in order.
+
+    Where a data sink exists (`sinks`, GPU with K > 1), consecutive K-long chunks form one sunk segment (one dataset
+    in the device's queue, one call per chunk) and the others host-fed ones: a sunk graph's step count is fixed when
+    it is built (run/feed.py), so a tail shorter than K cannot be a sunk call of the same graph. Elsewhere the epoch
+    is one host-fed segment.
+    """
+    if not sinks:
+        return [(False, list(lengths))] if lengths else []
+    grouped: List[Tuple[bool, List[int]]] = []
+    for length in lengths:
+        sunk = length == k
+        if grouped and grouped[-1][0] == sunk:
+            grouped[-1][1].append(length)
+        else:
+            grouped.append((sunk, [length]))
+    return grouped
 
 
 def auto_size(log_every: int, save_every_steps: int, cap: int) -> int:

@@ -11,14 +11,17 @@ One MindData dataset per epoch (`pipeline.build_train_dataset`) feeds both devic
 MindSpore fixes a sunk graph's step count when it builds the graph: `_exec_datagraph` hands `sink_size` to
 `init_dataset` (mindspore/train/_utils.py:75-104), which sets the iteration count the graph scheduler's loop-count
 actor is built with (ccsrc/runtime/graph_scheduler/graph_scheduler.cc, GetLoopCount reads
-ConfigManager::iter_num()). So every call of one sunk network runs exactly K steps: an epoch is sunk only when all
-its chunks are K long (`chunks.all_full`), else it runs from the host, which gives the same batches and weights.
+ConfigManager::iter_num()). So every call of one sunk network runs exactly K steps: the K-long chunks of an epoch are
+sunk, and the shorter ones around them (`chunks.segments`) run from the host, which gives the same batches and
+weights. Each segment has its own dataset, built from the segment's first step (`pipeline.build_train_dataset`'s
+`skip_steps`, exact as a mid-epoch resume is).
 """
 import re
-from typing import List, Optional
+import time
+from typing import Optional
 
+from msdist.base.errors import DataError
 from msdist.data import pipeline, prefetch
-from msdist.run import chunks
 
 
 class HostFeed:
@@ -46,7 +49,7 @@ class SunkFeed:
     """GPU only: one epoch's batches in the device's data queue; `run_chunk` runs K steps of `step_cell` in one call.
 
     Args:
-        batches: the epoch's MindData dataset (its length a multiple of `k`: `chunks.all_full`).
+        batches: the segment's MindData dataset, a whole number of K-step chunks long.
         step_cell: one optimizer step as one Cell (`sink.SunkStep`), called with (images, labels).
         k: steps per call.
     """
@@ -63,9 +66,20 @@ class SunkFeed:
         self._helper = DatasetHelper(batches.dataset, dataset_sink_mode=True, sink_size=k)
         self._network = connect_network_with_dataset(step_cell, self._helper)
 
-    def run_chunk(self):
-        """K optimizer steps, queued on the device; returns the last step's loss (a device Tensor)."""
-        return self._network()
+    def run_chunk(self, rank: int, global_step: int):
+        """K optimizer steps from `global_step`; returns the last step's loss (a device Tensor).
+
+        Raises:
+            DataError: MindSpore's GetNext timed out (`input_stall`): the input pipeline fell behind.
+        """
+        began = time.perf_counter()
+        try:
+            return self._network()
+        except RuntimeError as e:
+            line = input_stall(str(e), rank, time.perf_counter() - began, global_step)
+            if line is None:
+                raise
+            raise DataError(line) from None
 
     def close(self) -> None:
         # Model.train ends its sinking the same way (model.py:1182-1183).
@@ -73,12 +87,13 @@ class SunkFeed:
         self._helper.release()
 
 
-def open_feed(batches: pipeline.Batches, sink_size: int, chunk_lengths: List[int], sunk_step):
-    """The epoch's feed: sunk when there is a `sunk_step` (GPU, K > 1: `sink.sunk_step`) and every chunk of the epoch
-    is K long, else from the host."""
-    if sunk_step is not None and chunks.all_full(chunk_lengths, sink_size):
-        return SunkFeed(batches, sunk_step, sink_size)
-    return HostFeed(batches)
+def open_feed(batches: pipeline.Batches, steps: int, sunk_step, sink_size: int):
+    """A segment's feed (`chunks.segments`): its first `steps` batches of `batches`, sunk when there is a
+    `sunk_step` (`sink.sunk_step`, GPU, K > 1), else from the host."""
+    if sunk_step is None:
+        return HostFeed(batches)
+    # Exactly the segment's batches in the queue: its chunks consume them all.
+    return SunkFeed(pipeline.Batches(batches.dataset.take(steps), batches.files), sunk_step, sink_size)
 
 
 # MindSpore 2.10's GPU GetNext kernel, when the queue stays empty past `op_timeout` (set_context; 0 waits forever):

@@ -7,8 +7,10 @@ under its own prefix in its own module: the optimizer (`optim.state_parameters`)
 (`reducers.state_parameters`), the loss scaler and the EMA (`state_parameters()` of each). The
 Saver (`checkpoint_saver.Saver`) writes them.
 
-The loop's sections are small methods, one place each for what happens there: `_train_epoch` waits
-for each batch (the wait ends at `meter.data_ready()`), `_train_step` runs the compiled step,
+The loop's sections are small methods, one place each for what happens there: `_train_epoch` cuts the epoch
+into chunks of up to `--sink_size` steps (run/chunks.py) run from one or more pipelines (`_train_segment`: on GPU
+the K-long chunks sunk, run/feed.py), `_host_chunk` waits for each batch (the wait ends at `meter.data_ready()`)
+and `_train_step` runs the compiled step, `_sunk_chunk` runs K steps in one call, and after each chunk
 `_report` writes the step line and the heartbeat, `_end_epoch` saves (`_save`) and evaluates
 (`_evaluate`) when the schedule says so, after making the ranks one model once for both (`_one_model`).
 Off schedule, the state is written as it is (`_write`, no `--dist_bn` unify, no EMA sync): every
@@ -21,7 +23,6 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from msdist.base.errors import DataError
 from msdist.cluster.phases import Phase
 from msdist.cluster.preemption import REQUEUE_EXIT
 from msdist.data import pipeline
@@ -190,24 +191,34 @@ class Trainer:
 
     def _train_epoch(self, at: Position) -> Position:
         """The optimizer steps of the epoch `at` is in (or begins), from where it stands, in chunks of up to
-        `--sink_size` steps (run/chunks.py); the boundary work after each chunk; stop early at max_steps or a stop."""
+        `--sink_size` steps (run/chunks.py), the boundary work after each; stop early at max_steps or a stop."""
+        steps_per_epoch, k = self.steps_per_epoch, self.schedule.sink_size
+        lengths = list(chunks.epoch_lengths(at.global_step, at.skip(steps_per_epoch), steps_per_epoch, k, self.limits))
+        for index, (sunk, part) in enumerate(chunks.segments(lengths, k, sinks=self.sunk_step is not None)):
+            at, stopped = self._train_segment(at, part, sunk, first=index == 0)
+            if stopped:
+                break
+        return at
+
+    def _train_segment(self, at: Position, lengths: list, sunk: bool, first: bool):
+        """One segment's chunks (`chunks.segments`: on CPU the whole epoch), from its own pipeline; (where it ended,
+        whether the run stops there)."""
         epoch, skip = at.next_epoch(self.steps_per_epoch), at.skip(self.steps_per_epoch)
-        self.beat.enter(Phase.DATA_WAIT)  # building the epoch's pipeline and its first batch
+        self.beat.enter(Phase.DATA_WAIT)  # building the pipeline and its first batch
         batches = pipeline.build_train_dataset(self.data.train, self.data.train_input, epoch, skip_steps=skip)
-        lengths = list(chunks.epoch_lengths(at.global_step, skip, self.steps_per_epoch, self.schedule.sink_size,
-                                            self.limits))
-        source = feed.open_feed(batches, self.schedule.sink_size, lengths, self.sunk_step)
-        self.watch.start_epoch(at)
+        if first:
+            self.watch.start_epoch(at)
+        source = feed.open_feed(batches, sum(lengths), self.sunk_step if sunk else None, self.schedule.sink_size)
         try:
             for length in lengths:
-                at = self._sunk_chunk(source, at, length) if source.sunk else self._host_chunk(source, at, length)
+                at = self._sunk_chunk(source, at, length) if sunk else self._host_chunk(source, at, length)
                 self.background.raise_failure()  # a failed background write stops the run within a chunk
                 self._save_by_steps(at)
                 if self._reached(at) or self._stop_agreed(at):
-                    break
+                    return at, True
         finally:
             source.close()
-        return at
+        return at, False
 
     def _host_chunk(self, source: feed.HostFeed, at: Position, length: int) -> Position:
         """`length` steps, one call each, their batches from the host (the next fetched while a step runs:
@@ -228,14 +239,7 @@ class Trainer:
         data_s = self.watch.meter.data_ready()  # the batches wait in the device's queue
         if self.profiler is not None:
             self.profiler.before_step(at.global_step + 1)
-        began = time.perf_counter()
-        try:
-            source.run_chunk()
-        except RuntimeError as e:  # MindSpore's GetNext timeout: the input pipeline fell behind
-            line = feed.input_stall(str(e), self.dist.rank, time.perf_counter() - began, at.global_step)
-            if line is None:
-                raise
-            raise DataError(line) from None
+        source.run_chunk(self.dist.rank, at.global_step)
         self.model.train_step.losses.step_done(length)
         if self.profiler is not None:
             self.profiler.after_step(at.global_step + length)

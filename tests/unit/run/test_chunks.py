@@ -51,9 +51,12 @@ def test_an_agreed_stop_lands_on_the_first_chunk_end_at_or_after_the_check_step(
     assert at == 16
 
 
-def test_all_full_says_whether_one_sunk_dataset_can_run_the_epoch():
-    assert chunks.all_full([8, 8, 8], 8)
-    assert not chunks.all_full([8, 8, 4], 8)
+def test_segments_sink_the_full_chunks_and_feed_the_tails_from_the_host():
+    assert chunks.segments([8, 8, 4], 8, sinks=True) == [(True, [8, 8]), (False, [4])]
+    assert chunks.segments([5, 8, 2, 8, 8, 1], 8, sinks=True) == \
+        [(False, [5]), (True, [8]), (False, [2]), (True, [8, 8]), (False, [1])]
+    assert chunks.segments([8, 8, 4], 8, sinks=False) == [(False, [8, 8, 4])]   # CPU: one host-fed epoch
+    assert chunks.segments([], 8, sinks=True) == chunks.segments([], 8, sinks=False) == []
 
 
 def test_auto_is_the_largest_divisor_of_the_boundaries_up_to_the_cap():
