@@ -111,11 +111,19 @@ def resolve_size(requested, device_target: str, accumulates: bool, log_every: in
     CPU has no data sink (MindSpore's DatasetHelper refuses one there: mindspore/train/dataset_helper.py:372-384),
     so `auto` is 1 there; an explicit K still groups the loop's boundary work into chunks of K steps. On GPU `auto`
     is `auto_size`. A step that accumulates micro-batches (--grad_accum_steps, or a rank owning several batch
-    slots) is several launches from Python (`step.TrainStep.train_on`), never one sunk graph: K is 1 there, as
-    the start-up log says.
+    slots) is several launches from Python (`step.TrainStep.train_on`), never one sunk graph: K is 1 there
+    (`describe` says why).
     """
     if accumulates:
         return 1
     if requested != AUTO:
         return int(requested)
     return auto_size(log_every, save_every_steps, AUTO_CAP) if device_target == "GPU" else 1
+
+
+def describe(k: int, sunk: bool, accumulates: bool) -> str:
+    """The start-up line's account of K: `sink_size 10: chunks of up to 10 steps, each one sunk call (GPU)`."""
+    if accumulates:
+        return "sink_size 1: each optimizer step accumulates micro-batches, several launches from Python"
+    how = "each one sunk call (GPU)" if sunk else "one host call per step (no data sink on this device)"
+    return f"sink_size {k}: chunks of up to {k} steps, {how}"

@@ -81,3 +81,9 @@ def test_parse_and_check_size():
     for bad in (0, -3, "fast"):
         with pytest.raises(ConfigError, match="--sink_size"):
             chunks.check_size(chunks.parse_size(bad))
+
+
+def test_describe_says_how_a_chunk_runs():
+    assert chunks.describe(10, True, False) == "sink_size 10: chunks of up to 10 steps, each one sunk call (GPU)"
+    assert "one host call per step" in chunks.describe(8, False, False)
+    assert "accumulates" in chunks.describe(1, False, True)
