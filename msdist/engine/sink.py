@@ -8,7 +8,7 @@ stays several launches (`TrainStep.train_on`): run/chunks.py resolves K to 1 for
 """
 from typing import Optional
 
-from mindspore import nn, ops
+from mindspore import JitConfig, nn, ops
 
 
 class SunkStep(nn.Cell):
@@ -30,9 +30,15 @@ class SunkStep(nn.Cell):
         return loss
 
 
-def sunk_step(train_step, ema, device_target: str, sink_size: int) -> Optional[SunkStep]:
+def sunk_step(train_step, ema, device_target: str, sink_size: int, jit_level: str) -> Optional[SunkStep]:
     """The Cell sunk calls run, on GPU with K > 1; None where every step is a host call (CPU has no data sink:
-    DatasetHelper refuses sink mode there, mindspore/train/dataset_helper.py:372-384)."""
+    DatasetHelper refuses sink mode there, mindspore/train/dataset_helper.py:372-384).
+
+    `jit_level` is the train step's (`jit.resolve_jit_level`): the sunk graph is compiled as the outer Cell's, and
+    `_DataWrapper` takes its compile level from the Cell it wraps (`Cell._get_attr_from_cell`, nn/cell.py:3910-3915).
+    """
     if device_target != "GPU" or sink_size == 1:
         return None
-    return SunkStep(train_step, ema)
+    step = SunkStep(train_step, ema)
+    step.set_jit_config(JitConfig(jit_level=jit_level))
+    return step

@@ -94,7 +94,8 @@ class Trainer:
         self.profiler: Optional[StepProfiler] = None   # --profile_steps, on the ranks it covers
         # Where chunks end (run/chunks.py), and the Cell a sunk call runs (GPU, K > 1; else None).
         self.limits = chunks.Limits(self.schedule.log_every, self.schedule.save_every_steps, self.schedule.max_steps)
-        self.sunk_step = sink.sunk_step(model.train_step, model.ema, dist.device_target, self.schedule.sink_size)
+        self.sunk_step = sink.sunk_step(model.train_step, model.ema, dist.device_target, self.schedule.sink_size,
+                                        run.step.jit_level)
         _logger.info("%s", chunks.describe(self.schedule.sink_size, self.sunk_step is not None,
                                            model.train_step.accumulates))
         # What the stall watch scales a save's and an evaluation's allowance from.
