@@ -260,7 +260,9 @@ class Trainer:
         return agreed
 
     def _train_step(self, images, labels, at: Position) -> Position:
-        """One optimizer step (and the EMA's update after it); queued on the device, no host sync."""
+        """One optimizer step (and the EMA's update after it); nothing is read back here. MindSpore 2.10 ends each
+        graph run on GPU with a stream sync, so the host's work between calls idles the device: a sunk chunk
+        (`_sunk_chunk`) takes it out of K - 1 of every K steps."""
         if self.profiler is not None:
             self.profiler.before_step(at.global_step + 1)
         self.model.train_step.train_on(images, labels)  # its loss is summed on the device (step.LossAccumulator)
@@ -274,7 +276,7 @@ class Trainer:
         """The step line (at log steps), metrics, and the heartbeat."""
         watch = self.watch
         loss = None
-        if watch.progress.is_log_step(at):  # the only host sync: it waits for the queued steps
+        if watch.progress.is_log_step(at):  # the loss read back: it waits for every step before it
             loss, step_s, data_s = watch.close_window(self.model.train_step.losses.read(), self.collectives)
             loss_scale.check_finite(self.model.scaler, self.model.train_step.finite_weights, loss, at.global_step)
         else:
