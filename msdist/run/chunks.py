@@ -3,7 +3,8 @@
 The loop runs a chunk of steps, then does at its end what today happens after a step: the heartbeat, the step
 line and metrics, the saves by steps, the --max_steps check and the stop agreement. So a chunk never runs past
 a place where one of those is due: it ends at the epoch's end, at a log step (`progress.Progress.is_log_step`:
-every `log_every` steps of the epoch), at a multiple of `save_every_steps` (global steps) and at `max_steps`.
+every `log_every` steps of the epoch), at a multiple of `save_every_steps` (global steps), at `max_steps` and
+at the profiler window's edges.
 Inside those limits a chunk is K steps long; a shorter one (a "tail") is where a limit falls between multiples
 of K, or where a resumed run starts between them.
 
@@ -26,10 +27,13 @@ class Limits:
         log_every: the step line's period, in steps of the epoch (a log step is also the epoch's last step).
         save_every_steps: saves by steps, in global steps.
         max_steps: the run's last global step.
+        ends: other global steps a chunk ends at: the profiler window's edges (`--profile_steps A:B`: A - 1 and B),
+            so that it covers exactly its steps.
     """
     log_every: int = 0
     save_every_steps: int = 0
     max_steps: int = 0
+    ends: Tuple[int, ...] = ()
 
 
 def next_length(global_step: int, step: int, steps_per_epoch: int, k: int, limits: Limits) -> int:
@@ -44,6 +48,9 @@ def next_length(global_step: int, step: int, steps_per_epoch: int, k: int, limit
         room = min(room, limits.save_every_steps - global_step % limits.save_every_steps)
     if limits.max_steps:
         room = min(room, limits.max_steps - global_step)
+    for end in limits.ends:
+        if end > global_step:
+            room = min(room, end - global_step)
     return max(room, 0)
 
 

@@ -93,7 +93,9 @@ class Trainer:
         self.stop: Optional[preempt_stop.Agreement] = None
         self.profiler: Optional[StepProfiler] = None   # --profile_steps, on the ranks it covers
         # Where chunks end (run/chunks.py), and the Cell a sunk call runs (GPU, K > 1; else None).
-        self.limits = chunks.Limits(self.schedule.log_every, self.schedule.save_every_steps, self.schedule.max_steps)
+        window = run.watch.profile
+        self.limits = chunks.Limits(self.schedule.log_every, self.schedule.save_every_steps, self.schedule.max_steps,
+                                    () if window is None else (window.first - 1, window.last))
         self.sunk_step = sink.sunk_step(model.train_step, model.ema, dist.device_target, self.schedule.sink_size,
                                         run.step.jit_level)
         _logger.info("%s", chunks.describe(self.schedule.sink_size, self.sunk_step is not None,

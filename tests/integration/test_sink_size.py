@@ -15,6 +15,8 @@ import pytest
 
 from conftest import checkpoints, load_params, run_msdist, tiny_args
 
+pytestmark = pytest.mark.slow   # real training runs, several per case
+
 SETUP = ("--epochs", 2, "--max_steps", 20, "--log_every", 10, "--save_every_steps", 9, "--ema_decay", 0.9,
          "--deterministic", "true", "--lr_schedule", "constant", "--warmup_epochs", 0)
 

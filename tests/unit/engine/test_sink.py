@@ -1,6 +1,7 @@
 """The Cell a sunk call repeats (engine/sink.py): the train step and the EMA as one graph compute what the host-fed
 loop's two calls compute, bitwise (run here on CPU, called directly; on GPU MindSpore's _DataWrapper calls it)."""
 import numpy as np
+import pytest
 
 from msdist.engine import ema, loss_scale, optim, precision, sink, step
 
@@ -28,6 +29,7 @@ def _state(train, average):
         [train.loss_total.asnumpy().copy()]
 
 
+@pytest.mark.slow  # compiles and trains two networks
 def test_one_cell_gives_the_weights_ema_and_losses_of_the_two_calls():
     train, average, _ = _step_and_ema()
     for images, labels in _batches():

@@ -31,6 +31,11 @@ def test_max_steps_tail_and_nothing_past_it():
     assert _epoch(12, 12, 20, 8, max_steps=12) == []
 
 
+def test_chunks_end_at_the_profiler_windows_edges():
+    # --profile_steps 5:11: the window's steps 5..11 are whole chunks, on every rank alike.
+    assert _epoch(0, 0, 20, 8, ends=(4, 11)) == [4, 7, 8, 1]
+
+
 def test_a_resumed_run_mid_chunk_reaches_the_same_boundaries():
     # Stopped at global step 5 of a K=8, log_every 10 run: it continues 5 to 10, then as the uninterrupted run did.
     uninterrupted = _epoch(0, 0, 25, 8, log_every=10)
