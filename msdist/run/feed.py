@@ -4,7 +4,7 @@ One MindData dataset per epoch (`pipeline.build_train_dataset`) feeds both devic
 `DatasetHelper` (mindspore/train/dataset_helper.py:322):
 * `HostFeed`, everywhere: `DatasetHelper(dataset, dataset_sink_mode=False)`, the batches iterated on the host and
   one compiled step call per batch, the next batch fetched while the step runs (data/prefetch.py). CPU has no data
-  sink, so this is CPU's only path; on GPU it runs an epoch whose chunks are not all K steps long.
+  sink, so this is CPU's only path; on GPU it runs the chunks shorter than K.
 * `SunkFeed`, GPU only: `DatasetHelper(dataset, dataset_sink_mode=True, sink_size=K)` and
   `connect_network_with_dataset`: the batches go to a device queue, and one call runs K steps in C++.
 
@@ -25,7 +25,7 @@ from msdist.data import pipeline, prefetch
 
 
 class HostFeed:
-    """One epoch's batches from the host: `run` makes one step call per batch, `next_batch` waits for the batch."""
+    """A segment's batches from the host (on CPU, the epoch's): the loop calls the step once per `next_batch`."""
 
     sunk = False
 
@@ -46,7 +46,7 @@ class HostFeed:
 
 
 class SunkFeed:
-    """GPU only: one epoch's batches in the device's data queue; `run_chunk` runs K steps of `step_cell` in one call.
+    """GPU only: a segment's batches in the device's data queue; `run_chunk` runs K steps of `step_cell` in one call.
 
     Args:
         batches: the segment's MindData dataset, a whole number of K-step chunks long.
@@ -63,6 +63,7 @@ class SunkFeed:
         # connect_network_with_dataset (lines 216-319) wraps `step_cell` in `_DataWrapper`, whose graph takes its
         # inputs from the queue with GetNext (lines 87-121). Model.train(dataset_sink_mode=True) calls the wrapped
         # network once per sink (mindspore/train/model.py:1145-1166); this does the same per chunk.
+        self._batches = batches
         self._helper = DatasetHelper(batches.dataset, dataset_sink_mode=True, sink_size=k)
         self._network = connect_network_with_dataset(step_cell, self._helper)
 
@@ -70,16 +71,18 @@ class SunkFeed:
         """K optimizer steps from `global_step`; returns the last step's loss (a device Tensor).
 
         Raises:
-            DataError: MindSpore's GetNext timed out (`input_stall`): the input pipeline fell behind.
+            DataError: an unreadable image, named (the pipeline decodes in the queue's send thread, and its error
+                reaches this call); or MindSpore's GetNext timed out (`input_stall`): the input pipeline fell behind.
         """
         began = time.perf_counter()
         try:
             return self._network()
         except RuntimeError as e:
             line = input_stall(str(e), rank, time.perf_counter() - began, global_step)
-            if line is None:
+            error = self._batches.unreadable(str(e)) or (DataError(line) if line else None)
+            if error is None:
                 raise
-            raise DataError(line) from None
+            raise error from None
 
     def close(self) -> None:
         # Model.train ends its sinking the same way (model.py:1182-1183).
@@ -108,7 +111,7 @@ def input_stall(message: str, rank: int, data_wait_s: float, global_step: int) -
     """msdist's stall line for MindSpore's GetNext timeout in `message` (a sunk chunk waited for the input pipeline
     longer than MindSpore allows); None for any other error.
 
-    `rank 1 stuck in data wait at step 370 for 1900 s (input stall: the device's data queue ran empty; ...)`
+    `rank 1 stuck in data wait at step 370 for 1900 s (input stall: MindSpore's GetNext timed out on ...)`
     """
     found = _GETNEXT_TIMEOUT.search(message)
     if found is None:

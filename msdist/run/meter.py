@@ -58,8 +58,8 @@ class Meter:
     def step_done(self, steps: int = 1) -> float:
         """The step was launched (or, at a log step, finished); returns its seconds since `data_ready`.
 
-        `steps` > 1: that many steps ran in the one call (a sunk chunk, run/feed.py); the first call of a process
-        and all its steps, is kept apart as the first step (compile included).
+        `steps` > 1: that many steps ran in the one call (a sunk chunk, run/feed.py). A process's first call is kept
+        apart as its first step, compile included, whatever its number of steps.
         """
         now = time.perf_counter()
         took = now - self._mark

@@ -233,8 +233,9 @@ class Trainer:
             self.beat.enter(Phase.TRAIN_STEP)
             data_s = self.watch.meter.data_ready()
             at = self._train_step(images, labels, at)
-            if left:
+            if left:  # inside the chunk: the next batch is waited for as after any step
                 self.watch.meter.step_done()
+                self.beat.enter(Phase.DATA_WAIT)
         self._report(at, data_s)
         return at
 
