@@ -6,7 +6,8 @@ waits for Python. This times each of those with msdist's own objects on this hos
 negligible compute (ResNet-18 at 32 px, 2 images per step), so what it measures is the host's work:
 
 - batch fetch: `next()` on the real input pipeline (fruits360-4, 32 px, augmented, 1 worker) as the train
-  loop takes it, through `prefetch.one_ahead`: the pipeline's own `next()` runs in a helper thread during
+  loop takes it, through `feed.HostFeed` (DatasetHelper without sink, then `prefetch.one_ahead`): the
+  pipeline's own `next()` runs in a helper thread during
   the previous step (here a 30 ms sleep standing for the device step, outside the timing, and the CPU step),
   so what is timed is collecting it and asking for the next one;
 - dispatch: one launch of a compiled graph that takes the batch and does no work (the launch floor of
@@ -54,9 +55,10 @@ def measure(steps: int, data_dir: str) -> dict:
     from mindspore import nn, ops
 
     from msdist.cluster.stall import StallPolicy
-    from msdist.data import pipeline, prefetch
+    from msdist.data import pipeline
     from msdist.engine import loss_scale, optim, precision, step
     from msdist.rank import heartbeat_writer
+    from msdist.run.feed import HostFeed
     from msdist.run.meter import Meter
     from msdist.run.position import Position
     from msdist.run.progress import Progress
@@ -66,7 +68,7 @@ def measure(steps: int, data_dir: str) -> dict:
     split = pipeline.list_split(data_dir, pipeline.TRAIN_SPLIT, classes)
     spec = pipeline.TrainInput(image_size=IMAGE_SIZE, global_batch=BATCH, seed=1, shuffle=True, augment=True, padding=4,
                                workers=1)
-    batches = prefetch.one_ahead(pipeline.build_train_dataset(split, spec, epoch=0).create_tuple_iterator(num_epochs=1))
+    batches = HostFeed(pipeline.build_train_dataset(split, spec, epoch=0))   # the train loop's feed on CPU
     net = step.build_network("resnet18", len(classes), False, False, 1)
     # A small rate: 2 images per BatchNorm batch make larger ones diverge now and then, and the check stops that.
     lrs = np.full(steps + 2, 0.001, np.float32)  # the two warm-up steps too
@@ -85,7 +87,7 @@ def measure(steps: int, data_dir: str) -> dict:
     progress.start_epoch(Position())
     times = {k: [] for k in ("fetch", "dispatch", "loss", "heartbeat", "logging", "log_read", "log_weights",
                              "step_cpu", "warm_launch")}
-    images, labels = next(batches)
+    images, labels = batches.next_batch()
     train.train_on(images, labels)  # compile
     launch(images, labels)
     train.train_on(images, labels)
@@ -99,7 +101,7 @@ def measure(steps: int, data_dir: str) -> dict:
         launch(images, labels)
         train.compile(images, labels)  # the check Cell.__call__ runs before the real step's graph
         t1 = time.perf_counter()
-        images, labels = next(batches)
+        images, labels = batches.next_batch()
         t2 = time.perf_counter()
         loss = train.train_on(images, labels)
         float(loss.asnumpy())  # wait: the step on this CPU, for scale only

@@ -18,7 +18,7 @@ samples, and its shards are not the single-card batches.
 """
 import os
 from dataclasses import dataclass, replace
-from typing import Dict, Iterable, Sequence, Tuple
+from typing import Dict, Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -160,7 +160,15 @@ class Batches:
         self.dataset, self.files = dataset, files
 
     def create_tuple_iterator(self, **kwargs):
-        iterator = self.dataset.create_tuple_iterator(**kwargs)
+        return self.rows(self.dataset.create_tuple_iterator(**kwargs))
+
+    def unreadable(self, message: str) -> Optional[DataError]:
+        """The DataError naming the file when MindSpore's error `message` names one of this dataset's files; else
+        None (an error from elsewhere, e.g. a sunk step's graph, which also surfaces the pipeline's own failures)."""
+        return _read_error(message, self.files) if any(f in message for f in self.files) else None
+
+    def rows(self, iterator):
+        """The rows of `iterator` over this dataset (its own, or a DatasetHelper's), a read failure named."""
         while True:
             try:
                 row = next(iterator)

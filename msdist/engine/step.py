@@ -359,9 +359,9 @@ class LossAccumulator:
         self._total = total
         self._steps = 0
 
-    def step_done(self) -> None:
-        """Count one optimizer step, whose loss its graph has added to the total; no host sync."""
-        self._steps += 1
+    def step_done(self, steps: int = 1) -> None:
+        """Count optimizer steps (a sunk chunk's K), whose losses their graph has added to the total; no host sync."""
+        self._steps += steps
 
     def read(self) -> float:
         """Mean of the losses since the last read; blocks until they are computed. Restarts the sum."""

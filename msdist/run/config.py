@@ -25,7 +25,7 @@ from msdist.base.files import atomic_write_text
 from msdist.cluster import preemption, stall
 from msdist.engine import jit, precision
 from msdist.rank.runtime import CPU_ISA_CHOICES
-from msdist.run import profiler
+from msdist.run import chunks, profiler
 
 
 def fusion_split(text: str) -> Optional[List[int]]:
@@ -161,6 +161,11 @@ TRAIN_OPTIONS = [
     _opt("jit_level", str, "auto", "MindSpore's compile level for the train step: O0 = kernel by kernel; O1 = plus "
          "automatic kernel fusion (MindSpore 2.10's graph-kernel fusion); auto = O1 on GPU, O0 on CPU "
          "(docs/performance.md)", choices=jit.JIT_LEVELS),
+    _opt("sink_size", chunks.parse_size, chunks.AUTO, "optimizer steps per host call (MindSpore's data sink): on "
+         "GPU a chunk of K steps is one sunk call fed by the device's data queue; the heartbeat, step line, saves by "
+         "steps and the stop check happen between chunks; auto = the largest K up to 64 dividing log_every and "
+         "save_every_steps on GPU, 1 on CPU (no data sink there); docs/performance.md", hashed=False,
+         check=chunks.check_size),
     _opt("verbose", boolean, False, "show MindSpore's own C++ INFO/WARNING lines", hashed=False),
     _opt("log_every", int, 10, "print a progress line every N steps", min=1, hashed=False),
     # where the time goes (docs/performance.md, docs/monitoring.md)

@@ -55,21 +55,25 @@ class Meter:
         self._mark = now
         return waited
 
-    def step_done(self) -> float:
-        """The step was launched (or, at a log step, finished); returns its seconds since `data_ready`."""
+    def step_done(self, steps: int = 1) -> float:
+        """The step was launched (or, at a log step, finished); returns its seconds since `data_ready`.
+
+        `steps` > 1: that many steps ran in the one call (a sunk chunk, run/feed.py). A process's first call is kept
+        apart as its first step, compile included, whatever its number of steps.
+        """
         now = time.perf_counter()
         took = now - self._mark
         self._window[0] += took
-        self._window[2] += 1
+        self._window[2] += steps
         if self.first_step_s is None:
             self.first_step_s = took
             self._stamps.clear()  # the first step of a process includes graph compilation: keep it out of rates
         else:
             self.steady_s += took
-            self.steady_steps += 1
+            self.steady_steps += steps
         self._stamps.append(now)
         self.last_step_at = now
-        self._epoch_steps += 1
+        self._epoch_steps += steps
         self._mark = now
         return took
 

@@ -14,7 +14,7 @@ from msdist.base.errors import ConfigError
 from msdist.base.launch_env import BATCH_SLOTS_VAR, RESUME_FROM_RANK0_VAR
 from msdist.data import augment, pipeline, plan
 from msdist.engine import jit, precision
-from msdist.run import checkpoint_model, config, profiler, stragglers
+from msdist.run import checkpoint_model, chunks, config, profiler, stragglers
 
 
 def num_classes(requested: int, classes: Dict[str, int]) -> int:
@@ -160,6 +160,13 @@ def step_plan(cfg, device_target: str, slots: int) -> StepPlan:
                     cfg.grad_compression, cfg.topk_ratio, cfg.threshold, cfg.error_feedback,
                     _fusion(cfg.allreduce_fusion), cfg.grad_accum_steps, micro_batch(cfg, slots),
                     precision.bn_stats_precision(device_target), jit.resolve_jit_level(cfg.jit_level, device_target))
+
+
+def sink_size(cfg, device_target: str, slots: int, world_size: int) -> int:
+    """K, the optimizer steps per host call (`--sink_size`, `chunks.resolve_size`): the same on every rank, whose
+    chunk ends are the job's collectives (the stop check)."""
+    accumulates = cfg.grad_accum_steps > 1 or slots != world_size
+    return chunks.resolve_size(cfg.sink_size, device_target, accumulates, cfg.log_every, cfg.save_every_steps)
 
 
 def _fusion(text: str) -> Optional[Tuple[int, ...]]:

@@ -84,6 +84,7 @@ class Schedule:
     save_every_steps: int
     log_every: int
     lr: LearningRates
+    sink_size: int                   # K, steps per host call, resolved for the device (`options.sink_size`)
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,8 @@ def resolve(cfg: argparse.Namespace, world_size: int, chosen: device.DevicePlan,
     directory, prefix = options.checkpoint_place(cfg)
     return RunPlan(
         world_size=world_size, device=chosen, seed=cfg.seed, batch=batch,
-        step=options.step_plan(cfg, chosen.target, batch.slots), schedule=_schedule(cfg, batch.slots),
+        step=options.step_plan(cfg, chosen.target, batch.slots),
+        schedule=_schedule(cfg, batch.slots, options.sink_size(cfg, chosen.target, batch.slots, world_size)),
         input=_from_options(InputPlan, cfg, skip_bad_images=cfg.bad_images == "skip",
                             spec=options.train_input(cfg, plan.BatchLayout(), workers_per_rank=0, classes=0)),
         model=_model(cfg),
@@ -233,10 +235,11 @@ def resolve_batch(cfg, world_size: int, environ: Mapping[str, str]) -> BatchPlan
                      options.eval_batch(cfg, plan.per_rank_batch(cfg.batch_size, slots)))
 
 
-def _schedule(cfg, slots: int) -> Schedule:
+def _schedule(cfg, slots: int, sink_size: int) -> Schedule:
     base_lr = cfg.lr * slots if cfg.scale_lr else cfg.lr
-    return _from_options(Schedule, cfg, lr=LearningRates(cfg.lr_schedule, base_lr, cfg.epochs, cfg.warmup_epochs,
-                                                         cfg.lr_step_size, cfg.lr_gamma, cfg.min_lr))
+    return _from_options(Schedule, cfg, sink_size=sink_size,
+                         lr=LearningRates(cfg.lr_schedule, base_lr, cfg.epochs, cfg.warmup_epochs, cfg.lr_step_size,
+                                          cfg.lr_gamma, cfg.min_lr))
 
 
 def _model(cfg) -> ModelPlan:

@@ -7,8 +7,10 @@ under its own prefix in its own module: the optimizer (`optim.state_parameters`)
 (`reducers.state_parameters`), the loss scaler and the EMA (`state_parameters()` of each). The
 Saver (`checkpoint_saver.Saver`) writes them.
 
-The loop's sections are small methods, one place each for what happens there: `_train_epoch` waits
-for each batch (the wait ends at `meter.data_ready()`), `_train_step` runs the compiled step,
+The loop's sections are small methods, one place each for what happens there: `_train_epoch` cuts the epoch
+into chunks of up to `--sink_size` steps (run/chunks.py) run from one or more pipelines (`_train_segment`: on GPU
+the K-long chunks sunk, run/feed.py), `_host_chunk` waits for each batch (the wait ends at `meter.data_ready()`)
+and `_train_step` runs the compiled step, `_sunk_chunk` runs K steps in one call, and after each chunk
 `_report` writes the step line and the heartbeat, `_end_epoch` saves (`_save`) and evaluates
 (`_evaluate`) when the schedule says so, after making the ranks one model once for both (`_one_model`).
 Off schedule, the state is written as it is (`_write`, no `--dist_bn` unify, no EMA sync): every
@@ -23,10 +25,10 @@ from typing import Optional
 
 from msdist.cluster.phases import Phase
 from msdist.cluster.preemption import REQUEUE_EXIT
-from msdist.data import pipeline, prefetch
-from msdist.engine import bn_stats, loss_scale, optim, reducers
+from msdist.data import pipeline
+from msdist.engine import bn_stats, loss_scale, optim, reducers, sink
 from msdist.rank import distributed, preempt_stop
-from msdist.run import checkpoint, evaluation, resume_point, run_plan
+from msdist.run import checkpoint, chunks, evaluation, feed, resume_point, run_plan
 from msdist.run.background_save import BackgroundSaver
 from msdist.run.build import Data, Model
 from msdist.run.checkpoint_model import model_meta
@@ -90,6 +92,14 @@ class Trainer:
         self.listener, self.flop_rate = listener, flop_rate
         self.stop: Optional[preempt_stop.Agreement] = None
         self.profiler: Optional[StepProfiler] = None   # --profile_steps, on the ranks it covers
+        # Where chunks end (run/chunks.py), and the Cell a sunk call runs (GPU, K > 1; else None).
+        window = run.watch.profile
+        self.limits = chunks.Limits(self.schedule.log_every, self.schedule.save_every_steps, self.schedule.max_steps,
+                                    () if window is None else (window.first - 1, window.last))
+        self.sunk_step = sink.sunk_step(model.train_step, model.ema, dist.device_target, self.schedule.sink_size,
+                                        run.step.jit_level)
+        _logger.info("%s", chunks.describe(self.schedule.sink_size, self.sunk_step is not None,
+                                           model.train_step.accumulates))
         # What the stall watch scales a save's and an evaluation's allowance from.
         self._state_bytes = sum(p.nbytes for p in model.net.get_parameters()) + \
             sum(p.nbytes for p in state_parameters(model))
@@ -185,21 +195,63 @@ class Trainer:
         return at.epoch == self.schedule.epochs or bool(every_epochs) and at.epoch % every_epochs == 0
 
     def _train_epoch(self, at: Position) -> Position:
-        """The optimizer steps of the epoch `at` is in (or begins), from where it stands; stop early at max_steps."""
+        """The optimizer steps of the epoch `at` is in (or begins), from where it stands, in chunks of up to
+        `--sink_size` steps (run/chunks.py), the boundary work after each; stop early at max_steps or a stop."""
+        steps_per_epoch, k = self.steps_per_epoch, self.schedule.sink_size
+        lengths = list(chunks.epoch_lengths(at.global_step, at.skip(steps_per_epoch), steps_per_epoch, k, self.limits))
+        for index, (sunk, part) in enumerate(chunks.segments(lengths, k, sinks=self.sunk_step is not None)):
+            at, stopped = self._train_segment(at, part, sunk, first=index == 0)
+            if stopped:
+                break
+        return at
+
+    def _train_segment(self, at: Position, lengths: list, sunk: bool, first: bool):
+        """One segment's chunks (`chunks.segments`: on CPU the whole epoch), from its own pipeline; (where it ended,
+        whether the run stops there)."""
         epoch, skip = at.next_epoch(self.steps_per_epoch), at.skip(self.steps_per_epoch)
-        self.beat.enter(Phase.DATA_WAIT)  # building the epoch's pipeline and its first batch
+        self.beat.enter(Phase.DATA_WAIT)  # building the pipeline and its first batch
         batches = pipeline.build_train_dataset(self.data.train, self.data.train_input, epoch, skip_steps=skip)
-        self.watch.start_epoch(at)
-        # The next batch is fetched while this one's step runs (its graph releases the GIL): data/prefetch.py.
-        for images, labels in prefetch.one_ahead(batches.create_tuple_iterator(num_epochs=1)):
+        if first:
+            self.watch.start_epoch(at)
+        source = feed.open_feed(batches, sum(lengths), self.sunk_step if sunk else None, self.schedule.sink_size)
+        try:
+            for length in lengths:
+                at = self._sunk_chunk(source, at, length) if sunk else self._host_chunk(source, at, length)
+                self.background.raise_failure()  # a failed background write stops the run within a chunk
+                self._save_by_steps(at)
+                if self._reached(at) or self._stop_agreed(at):
+                    return at, True
+        finally:
+            source.close()
+        return at, False
+
+    def _host_chunk(self, source: feed.HostFeed, at: Position, length: int) -> Position:
+        """`length` steps, one call each, their batches from the host (the next fetched while a step runs:
+        data/prefetch.py); the step line and the heartbeat after the last."""
+        for left in range(length - 1, -1, -1):
+            images, labels = source.next_batch()
             self.beat.enter(Phase.TRAIN_STEP)
             data_s = self.watch.meter.data_ready()
             at = self._train_step(images, labels, at)
-            self._report(at, data_s)
-            self.background.raise_failure()  # a failed background write stops the run within a step
-            self._save_by_steps(at)
-            if self._reached(at) or self._stop_agreed(at):
-                break
+            if left:  # inside the chunk: the next batch is waited for as after any step
+                self.watch.meter.step_done()
+                self.beat.enter(Phase.DATA_WAIT)
+        self._report(at, data_s)
+        return at
+
+    def _sunk_chunk(self, source: feed.SunkFeed, at: Position, length: int) -> Position:
+        """GPU: `length` (= K) steps and their EMA updates in one sunk call; the step line and the heartbeat after."""
+        self.beat.enter(Phase.TRAIN_STEP)
+        data_s = self.watch.meter.data_ready()  # the batches wait in the device's queue
+        if self.profiler is not None:
+            self.profiler.before_step(at.global_step + 1)
+        source.run_chunk(self.dist.rank, at.global_step)
+        self.model.train_step.losses.step_done(length)
+        if self.profiler is not None:
+            self.profiler.after_step(at.global_step + length)
+        self.watch.meter.step_done(steps=length - 1)  # `_report` counts the last
+        at = Position.at(at.global_step + length, self.steps_per_epoch)
+        self._report(at, data_s)
         return at
 
     def _stop_agreed(self, at: Position) -> bool:
@@ -211,7 +263,9 @@ class Trainer:
         return agreed
 
     def _train_step(self, images, labels, at: Position) -> Position:
-        """One optimizer step (and the EMA's update after it); queued on the device, no host sync."""
+        """One optimizer step (and the EMA's update after it); nothing is read back here. MindSpore 2.10 ends each
+        graph run on GPU with a stream sync, so the host's work between calls idles the device: a sunk chunk
+        (`_sunk_chunk`) takes it out of K - 1 of every K steps."""
         if self.profiler is not None:
             self.profiler.before_step(at.global_step + 1)
         self.model.train_step.train_on(images, labels)  # its loss is summed on the device (step.LossAccumulator)
@@ -225,7 +279,7 @@ class Trainer:
         """The step line (at log steps), metrics, and the heartbeat."""
         watch = self.watch
         loss = None
-        if watch.progress.is_log_step(at):  # the only host sync: it waits for the queued steps
+        if watch.progress.is_log_step(at):  # the loss read back: it waits for every step before it
             loss, step_s, data_s = watch.close_window(self.model.train_step.losses.read(), self.collectives)
             loss_scale.check_finite(self.model.scaler, self.model.train_step.finite_weights, loss, at.global_step)
         else:

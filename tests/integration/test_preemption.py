@@ -177,6 +177,22 @@ def test_sigterm_to_launch_saves_at_one_agreed_step_exits_for_requeue_and_resume
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
+def test_with_sink_size_8_the_ranks_stop_at_a_chunk_end_and_resume_to_the_weights_of_k1(tmp_path, reference):
+    """--sink_size 8: the stop check runs between chunks (run/chunks.py), so the agreed step is a chunk's end; the
+    weights never depend on K, so the resumed run ends equal to the K = 1 reference."""
+    from msdist.run import chunks
+    job = Job(tmp_path, "sink8", ["-n", "2"], ARGS + ["--sink_size", "8"])
+    signalled = _signal_mid_epoch_2(job)
+    assert job.wait() == preemption.REQUEUE_EXIT, job.stderr()
+    step, _ = _agreed(job)
+    lengths = list(chunks.epoch_lengths(0, 0, 12, 8, chunks.Limits(log_every=5)))   # 12 steps an epoch: 5, 5, 2
+    assert step >= signalled and step % 12 in {sum(lengths[:i + 1]) % 12 for i in range(len(lengths))}
+    _assert_saved_at(job, step)
+    _resume_and_compare(tmp_path, job, reference, ["-n", "2"])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_mpijob_worker_sigterm_reaches_the_ranks_through_the_relay_and_mpirun_exits_for_requeue(tmp_path, reference):
     if not shutil.which("mpirun"):
         pytest.skip("mpirun is not installed")

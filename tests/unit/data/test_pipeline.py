@@ -349,3 +349,11 @@ def test_the_step_normalizing_uint8_trains_as_the_host_normalized_batch(data_dir
     np.testing.assert_array_equal(device_losses, host_losses)
     for host_w, device_w in zip(host_weights, device_weights):
         np.testing.assert_array_equal(device_w, host_w)
+
+
+def test_an_error_naming_one_of_the_datasets_files_is_an_unreadable_image():
+    batches = pipeline.Batches(None, ["/data/Training/apple/1.jpg", "/data/Training/pear/2.jpg"])
+    error = batches.unreadable("RuntimeError: Exception thrown from dataset pipeline. Refer to 'Dataset Pipeline "
+                               "Error Message'. Invalid image file: /data/Training/pear/2.jpg, decode failed")
+    assert "cannot read image /data/Training/pear/2.jpg" in str(error)
+    assert batches.unreadable("For 'GetNext', get data timeout. Queue name: q") is None

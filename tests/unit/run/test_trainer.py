@@ -152,3 +152,30 @@ def test_the_stop_check_after_a_step_has_a_phase_of_its_own(tmp_path):
     assert Trainer._stop_agreed(SimpleNamespace(beat=beat, stop=stop), Position(1, 12, 12)) is False
     assert during == [(12, "stop check")]
     assert beat.snapshot()["phase"] == "data wait"   # then the loop waits for the next batch
+
+
+@pytest.mark.slow
+def test_the_boundary_work_happens_at_chunk_ends(tmp_path, data_dir):
+    """--sink_size 8: the heartbeat, the saves by steps and the stop check come after each chunk
+    (run/chunks.py), not after each step; the chunks end at the log steps, the saves, the epoch's end and max_steps."""
+    from msdist.cluster.stall import StallPolicy
+    from msdist.rank import heartbeat_writer, preempt_stop
+    trainer = _trainer(tmp_path, data_dir, "--sink_size", 8, "--epochs", 2, "--max_steps", 20, "--log_every", 10,
+                       "--save_every_steps", 9)
+    os.makedirs(tmp_path / "logs", exist_ok=True)
+    beat = heartbeat_writer.Heartbeat(str(tmp_path / "logs"), 0, StallPolicy.from_options({"stall_timeout": "0"}))
+    beats, checks, saves = [], [], []
+    step_done = beat.step_done
+    beat.step_done = lambda epoch, step, global_step: beats.append(global_step) or step_done(epoch, step, global_step)
+    trainer.beat = beat
+    agreement = preempt_stop.Agreement
+    stop_at = agreement.stop_at
+    agreement.stop_at = lambda self, step: checks.append(step) or stop_at(self, step)
+    save = trainer.background.save
+    trainer.background.save = lambda at: saves.append(at.global_step) or save(at)
+    try:
+        trainer.fit()
+    finally:
+        agreement.stop_at = stop_at
+    ends = [8, 9, 10, 12, 18, 20]   # 8 = K; 9, 18 saves by steps; 10 a log step; 12 the epoch's end; 20 max_steps
+    assert beats == ends and checks == [e for e in ends if e != 20] and saves == [9, 18]
