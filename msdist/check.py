@@ -10,6 +10,9 @@ prints what msdist will do in this environment (launcher, rank, device and why, 
 call that sets it, backend, MS_* variables, this rank's files), or refuses a set-up known to fail
 with one line and exit status 2. Run it under the same launcher and with the same options as the
 training command.
+
+`python -m msdist.check --gpu_bench --data_dir DIR --output_dir OUT`: the first GPU node's acceptance run
+(msdist/gpu_bench.py).
 """
 import dataclasses
 import os
@@ -28,6 +31,7 @@ from msdist.run import checkpoint, config, gpu_kernels, recipe, run_plan, startu
 
 
 PLAN_FLAG = "--plan"
+GPU_BENCH_FLAG = "--gpu_bench"
 # --plan takes the training command's options, and where to read the host's GPU facts.
 PLAN_OPTIONS = config.TRAIN_OPTIONS + [
     config.Option("host_root", str, "/", "--plan: read NVIDIA's /dev/nvidia* and /proc/driver/nvidia under this root "
@@ -40,6 +44,9 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if PLAN_FLAG in argv:
         return plan_main([a for a in argv if a != PLAN_FLAG])
+    if GPU_BENCH_FLAG in argv:  # a controller of training runs, MindSpore-free until it compares their weights
+        from msdist import gpu_bench
+        return gpu_bench.main([a for a in argv if a != GPU_BENCH_FLAG])
     # The runtime options training reads too, so check runs exactly as training would.
     started = startup.start(argv, options=startup.RUNTIME_OPTIONS, prog="msdist.check", checks=())
     problems = device.gpu_preflight(distributed.probe_gpu(), started.launch.local_rank, os.environ)
