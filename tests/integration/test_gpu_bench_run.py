@@ -24,6 +24,7 @@ def test_the_acceptance_run_trains_every_arm_on_cpu_and_says_so(tmp_path, data_d
     # CPU has no data sink: K=auto is one step per call there, so the weights are the same bit for bit.
     assert {ranks: figures["max_weight_difference"] for ranks, figures in report["per_device_count"].items()} == \
         {"1": 0.0, "2": 0.0}
+    assert [figures["host_share"] for figures in report["per_device_count"].values()] == [None, None]
     assert report["overlap"]["overlapped"] is None and report["overlap"]["why"].startswith("could not tell: a CPU run")
     lines = proc.stdout.splitlines()
     assert any(line.startswith("gpu_bench on CPU (no usable GPU here") for line in lines), proc.stdout

@@ -57,8 +57,11 @@ def test_the_overlap_verdict_says_when_it_cannot_tell(tmp_path):
 
 def test_the_report_says_a_cpu_run_is_one(tmp_path):
     report = {"device_target": "CPU", "arms": {"1dev_k1": {"images_per_sec": 50.0, "median_step_s": 0.3}},
-              "per_device_count": {"1": {"max_weight_difference": 0.0, "host_share": 0.0}},
+              "per_device_count": {"1": {"max_weight_difference": 0.0, "host_share": None},
+                                   "8": {"max_weight_difference": 2e-7, "host_share": 0.25}},
               "overlap": gpu_bench.overlap_verdict("CPU", False, None)}
     lines = gpu_bench.report_lines(report)
     assert lines[0].startswith("gpu_bench on CPU (no usable GPU here")
-    assert "  1 device(s): weights K=1 vs K=auto bitwise equal; host share of a K=1 step 0.0%" in lines
+    assert "  1 device(s): weights K=1 vs K=auto bitwise equal; host share of a K=1 step not separable on CPU " \
+           "(both K run one step per call)" in lines
+    assert "  8 device(s): weights K=1 vs K=auto differ by up to 2e-07; host share of a K=1 step 25.0%" in lines
