@@ -26,8 +26,9 @@ NAMESPACE_NAMES = {"cfg", "config"}
 # The config and plan code: where the namespace is made, checked and resolved, once per process.
 START_UP = {"run/config.py", "run/options.py", "run/run_plan.py", "run/startup.py"}
 # Faces whose whole work is a start-up: `msdist.check --plan` prints the plan training would resolve; plan_scale
-# forecasts from options of its own; msdist.launch checks the training options once before any rank starts.
-FACES = {"check.py", "plan_scale.py", "launch.py"}
+# forecasts from options of its own; msdist.launch checks the training options once before any rank starts;
+# check's --gpu_bench plans the device as training would, to choose its runs, and starts them.
+FACES = {"check.py", "plan_scale.py", "launch.py", "gpu_bench.py"}
 # Where the environment may be read: who this process is, and how the ranks of a job meet (base/cli.py labels a
 # crash with its rank).
 ENVIRONMENT_READERS = ("base/", "cluster/", "launcher/", "rank/")
