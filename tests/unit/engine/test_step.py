@@ -62,6 +62,7 @@ def test_accumulation_never_copies_a_batch_through_the_host(monkeypatch):
     assert all(np.isfinite(float(loss.asnumpy())) for loss in losses)
 
 
+@pytest.mark.slow  # trains two networks
 def test_device_split_gives_the_losses_and_weights_of_the_host_split():
     device_step, device_net = _accumulating_step()
     host_step, host_net = _accumulating_step()
