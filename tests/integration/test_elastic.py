@@ -61,13 +61,13 @@ def cut_hosts():
     yield from _host_pair(CUT_PREFIX)
 
 
-def _node(tmp, name, hosts, node, port, args=ARGS, wait_for_nodes=30, back=False):
+def _node(tmp, name, hosts, node, port, args=ARGS, wait_for_nodes=30, back=False, launcher=()):
     """One `msdist.launch -n 1 --nnodes 1:2` in host `node`'s namespace, on its own core. `back`: the host comes
     back to a job that runs on the other host: it asks that host (and is not node_rank 0, which forms a job)."""
     ns, master = hosts[node][0], hosts[1 - node if back else 0][1]
     return Job(tmp, f"{name}_node{node}{'_back' if back else ''}",
                ["-n", "1", "--nnodes", "1:2", "--node_rank", str(1 if back else node), "--master_addr", master,
-                "--master_port", str(port), "--wait_for_nodes", str(wait_for_nodes)], args, output_name=name,
+                "--master_port", str(port), "--wait_for_nodes", str(wait_for_nodes), *launcher], args, output_name=name,
                command=["ip", "netns", "exec", ns, "taskset", "-c", str(node % os.cpu_count()), sys.executable, "-m",
                         "msdist.launch"])
 
@@ -285,3 +285,30 @@ def test_fewer_than_min_nodes_is_a_named_failure_not_a_hang(tmp_path):
                      "minimum 2 (--nnodes 2:4)"], job.stderr()
     assert not os.path.exists(os.path.join(job.output_dir, "logs", "rank_0.heartbeat"))   # no rank started
     assert job.leftovers() == []
+
+
+@pytest.mark.multiprocess
+def test_a_reform_after_a_lost_node_beyond_max_reforms_is_one_line_and_a_failure(hosts, tmp_path):
+    """--max_reforms 0: the first lost node spends the budget; the survivor says so in one line and exits 1 instead
+    of re-forming (a flapping link would loop the job back to its checkpoint forever). --membership_timeout 3 s:
+    the loss is seen after 3 s of silence, not the default 10."""
+    port = 23000 + os.getpid() % 500 * 10
+    launcher = ["--max_reforms", "0", "--membership_timeout", "3"]
+    jobs = {node: _node(tmp_path, "budget", hosts, node, port, launcher=launcher) for node in (1, 0)}
+    try:
+        kill = _lose_node(jobs, 1)
+        kill["thread"].join(timeout=RUN_LIMIT_S)
+        assert "at" in kill, jobs[1].stderr()
+        assert jobs[0].wait(limit_s=120) == 1, jobs[0].stderr()
+        lines = [line for line in jobs[0].stderr().splitlines() if "FAILED" in line]
+        assert len(lines) == 1 and re.fullmatch(
+            rf"msdist\.launch: FAILED: node {re.escape(hosts[1][1])} lost: no answer for [3-9] s; the job re-formed "
+            r"after a lost node 0 time\(s\) already \(--max_reforms 0\): a flapping host or link would take it back "
+            r"to its checkpoint forever", lines[0]), jobs[0].stderr()
+        assert _changes(jobs[0]) == []   # never went on as membership 2
+        assert jobs[0].leftovers() == []
+    finally:
+        for job in jobs.values():
+            if job.proc.poll() is None:
+                job.proc.kill()
+                job.proc.wait()
