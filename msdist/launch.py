@@ -33,7 +33,7 @@ class Command:
     plan: Plan                     # what the supervisor runs on this node
     train: argparse.Namespace      # the ranks' train config, parsed from plan.train_args
     show_plan: bool                # --plan: print each local rank's `msdist.check --plan` and start nothing
-    limits: elastic.Limits         # --nnodes MIN:MAX: --membership_timeout, --claim_timeout, --max_reforms
+    limits: elastic.Limits         # --nnodes MIN:MAX: --membership_timeout, --max_reforms
     host_root: str                 # --plan's --host_root: where the GPU facts are read
 
 
@@ -57,10 +57,6 @@ def _build_parser() -> ArgumentParser:
     p.add_argument("--max_reforms", type=int, default=limits.max_reforms, help="--nnodes MIN:MAX: re-form the job "
                    "after a lost or failed node at most this many times (a node joining does not count), then fail: "
                    f"a flapping host or link cannot take the job back to its checkpoint forever [{limits.max_reforms}]")
-    p.add_argument("--claim_timeout", type=float, default=limits.claim_timeout, help="--nnodes MIN:MAX: how long a "
-                   "node waits for a membership's claim file (written by another node in the shared --output_dir) to "
-                   "show before it names the directory as not shared; above NFS's attribute caching (acdirmax, 60 s "
-                   f"by default) [{limits.claim_timeout:g}]")
     p.add_argument("--master_port", type=int, default=0, help="scheduler port on node 0; required with --nnodes > 1 "
                    "[a free port]")
     p.add_argument("--max_restarts", type=int, default=0, help="restart all ranks with --resume auto after a "
@@ -103,8 +99,6 @@ def read_command(argv: Optional[List[str]] = None) -> Command:
                           f"s (launchers exchange their state every {peers.POLL_S:g} s)")
     if ns.max_reforms < 0:
         raise ConfigError(f"--max_reforms {ns.max_reforms} must be >= 0")
-    if ns.claim_timeout < 0:
-        raise ConfigError(f"--claim_timeout {ns.claim_timeout:g} must be >= 0")
     # The batch is cut for MAX nodes' ranks whatever the world size (MSDIST_BATCH_SLOTS): checked for those.
     startup.run_checks(cfg, ns.nproc_per_node * nodes.max, startup.OPTION_CHECKS)
     plan = Plan(nproc=ns.nproc_per_node, nnodes=nodes.min, max_nodes=nodes.max, node_rank=ns.node_rank,
@@ -112,8 +106,7 @@ def read_command(argv: Optional[List[str]] = None) -> Command:
                 wait_for_nodes=ns.wait_for_nodes, max_restarts=ns.max_restarts,
                 stall=StallPolicy.from_options(vars(cfg)), preempt_signal=preemption.parse_signal(cfg.preempt_signal),
                 train_args=list(train_args), output_dir=os.path.abspath(cfg.output_dir))
-    limits = elastic.Limits(membership_timeout=ns.membership_timeout, claim_timeout=ns.claim_timeout,
-                            max_reforms=ns.max_reforms)
+    limits = elastic.Limits(membership_timeout=ns.membership_timeout, max_reforms=ns.max_reforms)
     return Command(plan=plan, train=cfg, show_plan=ns.plan, host_root=ns.host_root, limits=limits)
 
 

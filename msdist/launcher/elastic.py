@@ -56,7 +56,6 @@ _FRESH = "resume auto: no checkpoint"
 class Limits:
     """An elastic job's membership timing and budget: msdist.launch's options of the same names (docs/elastic.md)."""
     membership_timeout: float = peers_mod.MEMBER_TIMEOUT_S   # a node silent this long is lost
-    claim_timeout: float = 90.0   # how long a membership's claim file may take to show here (NFS caches)
     max_reforms: int = 3          # re-forms after a lost or failed node, at most this many
 
 
@@ -296,26 +295,38 @@ class _Elastic:
 
     def _claim(self, view: View) -> bool:
         """Claim generation `view.generation` for `view`, once for the job: False if another node claimed it."""
-        path = self._claim_path(view)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
+        fd = _create_exclusively(self._claim_path(view))
+        if fd is None:
             return False
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(view.as_dict(), f)
         return True
 
     def _check_claim(self, view: View) -> None:
-        """The view's claim must be in this node's --output_dir too: elastic restarts need one shared directory."""
-        deadline = time.monotonic() + self.limits.claim_timeout   # NFS may show a new file only after acdirmax
-        while not os.path.exists(self._claim_path(view)):
-            if time.monotonic() > deadline:
-                raise ConfigError(f"--output_dir {self.plan.output_dir} is not the one node 0 "
-                                  f"({view.scheduler_host}) writes to: an elastic job needs storage every node sees "
-                                  f"(its claim file did not show here within --claim_timeout "
-                                  f"{self.limits.claim_timeout:g} s)")
-            time.sleep(_WAIT_S)
+        """The view's claim must be in this node's --output_dir too: elastic restarts need one shared directory.
+
+        Every node learns of a view only after its claim was created, so an exclusive create of the claim's name
+        fails where the directory is shared. Asked that way, the file server answers, not this host's cache: NFS
+        may tell a host for acdirmin..acdirmax (30-60 s by default) that a file another host has just created does
+        not exist (stat, open), but an exclusive create is decided by the server.
+        """
+        fd = _create_exclusively(self._claim_path(view))
+        if fd is None:
+            return
+        os.close(fd)
+        os.remove(self._claim_path(view))
+        raise ConfigError(f"--output_dir {self.plan.output_dir} is not the one node 0 ({view.scheduler_host}) writes "
+                          "to: an elastic job needs storage every node sees")
+
+
+def _create_exclusively(path: str) -> Optional[int]:
+    """A new file's descriptor, or None if `path` exists (on NFS: as the server knows it, whatever this host's
+    attribute cache says)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return None
 
 
 def _lost(change: Change) -> str:

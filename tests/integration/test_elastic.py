@@ -61,15 +61,17 @@ def cut_hosts():
     yield from _host_pair(CUT_PREFIX)
 
 
-def _node(tmp, name, hosts, node, port, args=ARGS, wait_for_nodes=30, back=False, launcher=()):
+def _node(tmp, name, hosts, node, port, args=ARGS, wait_for_nodes=30, back=False, launcher=(), env=None,
+          launch=("-m", "msdist.launch"), output_name=None):
     """One `msdist.launch -n 1 --nnodes 1:2` in host `node`'s namespace, on its own core. `back`: the host comes
     back to a job that runs on the other host: it asks that host (and is not node_rank 0, which forms a job)."""
     ns, master = hosts[node][0], hosts[1 - node if back else 0][1]
     return Job(tmp, f"{name}_node{node}{'_back' if back else ''}",
                ["-n", "1", "--nnodes", "1:2", "--node_rank", str(1 if back else node), "--master_addr", master,
-                "--master_port", str(port), "--wait_for_nodes", str(wait_for_nodes), *launcher], args, output_name=name,
-               command=["ip", "netns", "exec", ns, "taskset", "-c", str(node % os.cpu_count()), sys.executable, "-m",
-                        "msdist.launch"])
+                "--master_port", str(port), "--wait_for_nodes", str(wait_for_nodes), *launcher], args,
+               output_name=output_name or name, env=env,
+               command=["ip", "netns", "exec", ns, "taskset", "-c", str(node % os.cpu_count()), sys.executable,
+                        *launch])
 
 
 def _lose_node(jobs, node) -> dict:
@@ -307,6 +309,50 @@ def test_a_reform_after_a_lost_node_beyond_max_reforms_is_one_line_and_a_failure
             r"to its checkpoint forever", lines[0]), jobs[0].stderr()
         assert _changes(jobs[0]) == []   # never went on as membership 2
         assert jobs[0].leftovers() == []
+    finally:
+        for job in jobs.values():
+            if job.proc.poll() is None:
+                job.proc.kill()
+                job.proc.wait()
+
+
+NFS_DELAY_S = 35   # above NFS's acdirmin (30 s), and above the 10 s the claim once had to show within
+NFS_LAUNCH = (os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch_with_nfs_delay.py"),)
+
+
+@pytest.mark.multiprocess
+def test_a_node_whose_nfs_cache_hides_the_claim_for_35_s_is_admitted_at_once(hosts, tmp_path):
+    """Node 1 sees node 0's claim files only 35 s after they were written (tests/nfs_delay.py: stat and open, as an
+    NFS client's attribute cache may). The claim is checked by an exclusive create, which the server answers, so
+    node 1 joins membership 1 at once and the job runs on both hosts (no re-form)."""
+    port = 26000 + os.getpid() % 500 * 10
+    jobs = {1: _node(tmp_path, "nfs", hosts, 1, port, env={"MSDIST_TEST_NFS_DELAY": str(NFS_DELAY_S)},
+                     launch=NFS_LAUNCH),
+            0: _node(tmp_path, "nfs", hosts, 0, port)}
+    try:
+        for node in (0, 1):
+            assert jobs[node].wait(limit_s=RUN_LIMIT_S) == 0, jobs[node].stderr()
+        assert _changes(jobs[0]) == [] and _result(jobs[0])["world_size"] == 2
+        assert jobs[0].leftovers() == [] and jobs[1].leftovers() == []
+    finally:
+        for job in jobs.values():
+            if job.proc.poll() is None:
+                job.proc.kill()
+                job.proc.wait()
+
+
+@pytest.mark.multiprocess
+def test_a_node_with_another_output_dir_is_named_at_once(hosts, tmp_path):
+    """Node 1's --output_dir is not node 0's: its exclusive create of the claim succeeds, so it names the directory
+    in one line and exits 2 at once, and leaves no claim file behind."""
+    port = 27000 + os.getpid() % 500 * 10
+    jobs = {1: _node(tmp_path, "unshared", hosts, 1, port, output_name="elsewhere"),
+            0: _node(tmp_path, "unshared", hosts, 0, port)}
+    try:
+        assert jobs[1].wait(limit_s=120) == 2, jobs[1].stderr()
+        assert f"msdist: error: --output_dir {jobs[1].output_dir} is not the one node 0 ({hosts[0][1]}) writes to: " \
+               "an elastic job needs storage every node sees" in jobs[1].stderr()
+        assert glob.glob(os.path.join(jobs[1].output_dir, "logs", "membership", "*")) == []
     finally:
         for job in jobs.values():
             if job.proc.poll() is None:

@@ -38,12 +38,11 @@ def test_the_command_is_frozen_and_keeps_the_plan_options_out_of_the_supervisors
 
 
 def test_the_elastic_membership_options_have_documented_defaults_and_are_checked():
-    assert launch.read_command(["-n", "1", "--data_dir", DATA_DIR]).limits == elastic.Limits(10.0, 90.0, 3)
-    limits = launch.read_command(["-n", "1", "--membership_timeout", "30", "--claim_timeout", "120", "--max_reforms",
-                                  "0", "--data_dir", DATA_DIR]).limits
-    assert limits == elastic.Limits(membership_timeout=30.0, claim_timeout=120.0, max_reforms=0)
+    assert launch.read_command(["-n", "1", "--data_dir", DATA_DIR]).limits == elastic.Limits(10.0, 3)
+    limits = launch.read_command(["-n", "1", "--membership_timeout", "30", "--max_reforms", "0", "--data_dir",
+                                  DATA_DIR]).limits
+    assert limits == elastic.Limits(membership_timeout=30.0, max_reforms=0)
     for option, value, named in [("--membership_timeout", "1", "--membership_timeout 1 must be >= 2 s"),
-                                 ("--claim_timeout", "-1", "--claim_timeout -1 must be >= 0"),
                                  ("--max_reforms", "-1", "--max_reforms -1 must be >= 0")]:
         with pytest.raises(ConfigError, match=named):
             launch.read_command(["-n", "1", option, value, "--data_dir", DATA_DIR])
