@@ -14,9 +14,10 @@ the attempts (msdist.launcher.supervisor.run_attempt) of one launcher under the 
 * a stop signal to a launcher: every rank saves at one agreed step and exits 200; then the nodes signalled
   leave (a drain) and the others go on, or the job stops (msdist.launcher.drain tells the two apart);
 * reforming: the first member of the old view not gone (membership.leader) waits until every other member is
-  reforming or gone, decides the next view, claims it (an exclusive file in the shared --output_dir: two sides
-  of a network partition can never both go on under one generation) and publishes it; every member adopts it
-  and restarts its ranks with --resume auto (the newest complete checkpoint) at the new world size.
+  reforming or gone, decides the next view, claims it (msdist.launcher.claims: an exclusive file in the shared
+  --output_dir, so two sides of a network partition can never both go on under one generation) and publishes
+  it; every member adopts it and restarts its ranks with --resume auto (the newest complete checkpoint) at the
+  new world size.
 
 A membership change is one console line on every launcher and one record in logs/membership.jsonl (node 0's
 launcher writes it), both once rank 0 said where it resumed. A failure that leaves the membership as it was is
@@ -38,7 +39,7 @@ from msdist.base.errors import ConfigError
 from msdist.base.files import rank_log_path
 from msdist.base.launch_env import BATCH_SLOTS_VAR, RESUME_FROM_RANK0_VAR
 from msdist.cluster import preemption
-from msdist.launcher import drain
+from msdist.launcher import claims, drain
 from msdist.launcher import peers as peers_mod
 from msdist.launcher.failures import Failure
 from msdist.launcher.forwarder import Forwarder
@@ -191,7 +192,7 @@ class _Elastic:
         asked = {self.me: (0, -1)}
         asked.update({m: ((self.peers.state_of(m) or {}).get("node_rank", 0), i) for i, m in enumerate(waiting)})
         change = decide(View(uuid.uuid4().hex, 0, ()), set(), first_order(asked), self.nodes)
-        self._claim(change.view)
+        claims.claim(self.plan.log_dir, change.view)
         self.peers.set("running", change.view)
         say(f"membership 1: {len(change.view.members)} node(s) ({', '.join(map(host_of, change.view.members))}), "
             f"world size {len(change.view.members) * self.plan.nproc}; node 0 (scheduler) "
@@ -215,7 +216,7 @@ class _Elastic:
                                   f"{self.plan.nproc}: every node of an elastic job needs the same -n")
             if view is not None and self.me in view.members:
                 self.peers.set("running", view)   # no longer "waiting": that would be a restarted launcher
-                self._check_claim(view)
+                claims.check_shared(self.plan.log_dir, self.plan.output_dir, view)
                 return view
             self.seen_before = view
             if view is None and time.monotonic() - began > self.plan.stall.stall_startup_timeout:
@@ -261,14 +262,14 @@ class _Elastic:
                 if self.me not in newer.members:
                     raise _LeftOut(f"the job went on as membership {newer.generation} without this node (a network "
                                    "partition, or it was too slow to answer)")
-                self._check_claim(newer)
+                claims.check_shared(self.plan.log_dir, self.plan.output_dir, newer)
                 return _changed(view, newer, gone)
             if leader(view, set(gone)) == self.me and self._all_stopped(view, gone):
                 waiting = self.peers.waiting()
                 change = drain.next_view(view, gone, waiting, self.nodes) if stop_save else \
                     decide(view, set(gone), waiting, self.nodes)
                 change = Change(change.view, change.left, change.joined, gone)
-                if self._claim(change.view):   # else claimed by another node first: follow it, or leave
+                if claims.claim(self.plan.log_dir, change.view):   # else another node's first: follow it, or leave
                     self.peers.set("reforming", change.view)
                     return change
             time.sleep(_WAIT_S)
@@ -280,53 +281,9 @@ class _Elastic:
     def _newer(self, view: View) -> Optional[View]:
         """The view decided after `view`, heard from a node or claimed by one this node cannot hear (a partition)."""
         newer = self.peers.newest_view(view.job)
-        return newer if newer is not None and newer.generation > view.generation else self._claimed(view)
-
-    def _claim_path(self, view: View) -> str:
-        return os.path.join(self.plan.log_dir, "membership", f"{view.job}-{view.generation}.json")
-
-    def _claimed(self, view: View) -> Optional[View]:
-        """The view claimed for the generation after `view`'s, if any node claimed it."""
-        try:
-            with open(self._claim_path(View(view.job, view.generation + 1, ())), encoding="utf-8") as f:
-                return View.from_dict(json.load(f))
-        except (OSError, ValueError, KeyError):
-            return None   # none, or still being written
-
-    def _claim(self, view: View) -> bool:
-        """Claim generation `view.generation` for `view`, once for the job: False if another node claimed it."""
-        fd = _create_exclusively(self._claim_path(view))
-        if fd is None:
-            return False
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(view.as_dict(), f)
-        return True
-
-    def _check_claim(self, view: View) -> None:
-        """The view's claim must be in this node's --output_dir too: elastic restarts need one shared directory.
-
-        Every node learns of a view only after its claim was created, so an exclusive create of the claim's name
-        fails where the directory is shared. Asked that way, the file server answers, not this host's cache: NFS
-        may tell a host for acdirmin..acdirmax (30-60 s by default) that a file another host has just created does
-        not exist (stat, open), but an exclusive create is decided by the server.
-        """
-        fd = _create_exclusively(self._claim_path(view))
-        if fd is None:
-            return
-        os.close(fd)
-        os.remove(self._claim_path(view))
-        raise ConfigError(f"--output_dir {self.plan.output_dir} is not the one node 0 ({view.scheduler_host}) writes "
-                          "to: an elastic job needs storage every node sees")
-
-
-def _create_exclusively(path: str) -> Optional[int]:
-    """A new file's descriptor, or None if `path` exists (on NFS: as the server knows it, whatever this host's
-    attribute cache says)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    try:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return None
+        if newer is not None and newer.generation > view.generation:
+            return newer
+        return claims.claimed_after(self.plan.log_dir, view)
 
 
 def _lost(change: Change) -> str:

@@ -1,21 +1,21 @@
 """Elastic msdist.launch on three network-namespace hosts (issue 41 item 8): two nodes lost at once, nodes of two
 ranks, and a node lost leaving fewer than MIN.
 
-Three namespaces hang off a bridge in a fourth (the switch), so every host reaches every other; names contain
-"elnodes", removed afterwards even when a test fails. A lost node is its launcher and every process it started
-killed with SIGKILL at the first step of epoch 2, as in test_elastic.py.
+Three namespaces hang off a bridge in a fourth (test_elastic_drain.py's hosts), so every host reaches every
+other; names contain "elnodes", removed afterwards even when a test fails. A lost node is its launcher and every
+process it started killed with SIGKILL at the first step of epoch 2, as in test_elastic.py.
 """
 import os
 import re
 import signal
 import sys
-import time
 
 import pytest
 
 from msdist.run import checkpoint
 from test_launch import DATA_DIR, TINY_CONFIG, Job, _tagged_pids
-from test_two_hosts import _delete_namespaces, _ip
+from test_elastic_drain import _create_hosts
+from test_two_hosts import _delete_namespaces
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -24,28 +24,6 @@ RUN_LIMIT_S = 420
 # Six ranks starting at once on a small shared machine take longer than 30 s to import and register.
 _TINY = ["--config", TINY_CONFIG, "--data_dir", DATA_DIR, "--epochs", "3", "--log_every", "4",
          "--stall_register_timeout", "180"]
-
-
-def _create_hosts(prefix: str, count: int):
-    """[(name, address)] x `count`, each joined to a bridge in namespace `{prefix}s`; raises OSError with the reason."""
-    subnet, switch = f"10.233.{os.getpid() % 250}", f"{prefix}s"
-    commands = [["netns", "add", switch], ["-n", switch, "link", "add", "br0", "type", "bridge"],
-                ["-n", switch, "link", "set", "br0", "up"]]
-    hosts = [(f"{prefix}{i}", f"{subnet}.{i + 1}") for i in range(count)]
-    for i, (ns, addr) in enumerate(hosts):
-        host_end, switch_end = f"{prefix}h{i}", f"{prefix}p{i}"
-        commands += [["netns", "add", ns], ["link", "add", host_end, "type", "veth", "peer", "name", switch_end],
-                     ["link", "set", host_end, "netns", ns], ["link", "set", switch_end, "netns", switch],
-                     ["-n", switch, "link", "set", switch_end, "master", "br0"],
-                     ["-n", switch, "link", "set", switch_end, "up"],
-                     ["-n", ns, "addr", "add", f"{addr}/24", "dev", host_end], ["-n", ns, "link", "set", host_end, "up"],
-                     ["-n", ns, "link", "set", "lo", "up"]]
-    for command in commands:
-        proc = _ip(*command)
-        if proc.returncode != 0:
-            _delete_namespaces([switch] + [ns for ns, _ in hosts])
-            raise OSError(f"`ip {' '.join(command)}` failed: {proc.stderr.strip()}")
-    return hosts
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +35,7 @@ def hosts():
     except OSError as e:
         pytest.skip(f"cannot create network namespaces: {e}")
     yield made
-    _delete_namespaces([f"{PREFIX}s"] + [ns for ns, _ in made])
+    _delete_namespaces([f"{PREFIX}h"] + [ns for ns, _ in made])
 
 
 def _start(tmp, name, hosts, nodes: str, nproc: int, port: int, train_args) -> dict:
