@@ -1,8 +1,8 @@
 """Elastic msdist.launch on three network-namespace hosts (issue 41 item 8): two nodes lost at once, nodes of two
 ranks, and a node lost leaving fewer than MIN.
 
-Three namespaces hang off a bridge in a fourth (test_elastic_drain.py's hosts), so every host reaches every
-other; names contain "elnodes", removed afterwards even when a test fails. A lost node is its launcher and every
+Three namespaces hang off a bridge in a fourth (test_elastic_drain.py's `hosts`), so every host reaches every
+other; removed afterwards even when a test fails. A lost node is its launcher and every
 process it started killed with SIGKILL at the first step of epoch 2, as in test_elastic.py.
 """
 import os
@@ -14,28 +14,14 @@ import pytest
 
 from msdist.run import checkpoint
 from test_launch import DATA_DIR, TINY_CONFIG, Job, _tagged_pids
-from test_elastic_drain import _create_hosts
-from test_two_hosts import _delete_namespaces
+from test_elastic_drain import hosts  # noqa: F401  (the fixture: three hosts on a bridge, removed afterwards)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
-PREFIX = f"elnodes{os.getpid() % 10000}"
 RUN_LIMIT_S = 420
 # Six ranks starting at once on a small shared machine take longer than 30 s to import and register.
 _TINY = ["--config", TINY_CONFIG, "--data_dir", DATA_DIR, "--epochs", "3", "--log_every", "4",
          "--stall_register_timeout", "180"]
-
-
-@pytest.fixture(scope="module")
-def hosts():
-    if sys.platform != "linux" or os.geteuid() != 0:
-        pytest.skip("needs root on Linux for network namespaces")
-    try:
-        made = _create_hosts(PREFIX, 3)
-    except OSError as e:
-        pytest.skip(f"cannot create network namespaces: {e}")
-    yield made
-    _delete_namespaces([f"{PREFIX}h"] + [ns for ns, _ in made])
 
 
 def _start(tmp, name, hosts, nodes: str, nproc: int, port: int, train_args) -> dict:
