@@ -6,6 +6,7 @@ here, once, before any rank starts, into a `Command`; msdist.launcher.supervisor
 watch, stop, restart).
 """
 import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -17,10 +18,13 @@ from msdist.base.cli import cli_main
 from msdist.base.errors import ConfigError
 from msdist.cluster import preemption
 from msdist.cluster.stall import StallPolicy
-from msdist.launcher import elastic
+from msdist.launcher import elastic, peers
 from msdist.launcher.membership import parse_nnodes
 from msdist.launcher.supervisor import Plan, run, worker_env
 from msdist.run import config, startup
+
+
+_MIN_MEMBERSHIP_TIMEOUT_S = 4 * peers.POLL_S   # a few polls may be missed before a node counts as lost
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class Command:
     plan: Plan                     # what the supervisor runs on this node
     train: argparse.Namespace      # the ranks' train config, parsed from plan.train_args
     show_plan: bool                # --plan: print each local rank's `msdist.check --plan` and start nothing
+    limits: elastic.Limits         # --nnodes MIN:MAX: --membership_timeout, --max_reforms
     host_root: str                 # --plan's --host_root: where the GPU facts are read
 
 
@@ -44,6 +49,14 @@ def _build_parser() -> ArgumentParser:
                    "required with --nnodes > 1 (elastic: any node of the running job) [127.0.0.1 on a single node]")
     p.add_argument("--wait_for_nodes", type=float, default=30.0, help="--nnodes MIN:MAX: once MIN nodes have "
                    "joined, node 0 waits this long for more, up to MAX, before the job starts [30]")
+    limits = elastic.Limits()
+    p.add_argument("--membership_timeout", type=float, default=limits.membership_timeout, help="--nnodes MIN:MAX: "
+                   "a node whose launcher has not answered for this long is lost (the others re-form without it); a "
+                   "member that answers but has not stopped its ranks within twice this is left out "
+                   f"[{limits.membership_timeout:g}]")
+    p.add_argument("--max_reforms", type=int, default=limits.max_reforms, help="--nnodes MIN:MAX: re-form the job "
+                   "after a lost or failed node at most this many times (a node joining does not count), then fail: "
+                   f"a flapping host or link cannot take the job back to its checkpoint forever [{limits.max_reforms}]")
     p.add_argument("--master_port", type=int, default=0, help="scheduler port on node 0; required with --nnodes > 1 "
                    "[a free port]")
     p.add_argument("--max_restarts", type=int, default=0, help="restart all ranks with --resume auto after a "
@@ -81,6 +94,11 @@ def read_command(argv: Optional[List[str]] = None) -> Command:
     cfg = config.parse(train_args, suggest_also=launcher_options)
     if ns.wait_for_nodes < 0:
         raise ConfigError(f"--wait_for_nodes {ns.wait_for_nodes} must be >= 0")
+    if ns.membership_timeout < _MIN_MEMBERSHIP_TIMEOUT_S:
+        raise ConfigError(f"--membership_timeout {ns.membership_timeout:g} must be >= {_MIN_MEMBERSHIP_TIMEOUT_S:g} "
+                          f"s (launchers exchange their state every {peers.POLL_S:g} s)")
+    if ns.max_reforms < 0:
+        raise ConfigError(f"--max_reforms {ns.max_reforms} must be >= 0")
     # The batch is cut for MAX nodes' ranks whatever the world size (MSDIST_BATCH_SLOTS): checked for those.
     startup.run_checks(cfg, ns.nproc_per_node * nodes.max, startup.OPTION_CHECKS)
     plan = Plan(nproc=ns.nproc_per_node, nnodes=nodes.min, max_nodes=nodes.max, node_rank=ns.node_rank,
@@ -88,7 +106,8 @@ def read_command(argv: Optional[List[str]] = None) -> Command:
                 wait_for_nodes=ns.wait_for_nodes, max_restarts=ns.max_restarts,
                 stall=StallPolicy.from_options(vars(cfg)), preempt_signal=preemption.parse_signal(cfg.preempt_signal),
                 train_args=list(train_args), output_dir=os.path.abspath(cfg.output_dir))
-    return Command(plan=plan, train=cfg, show_plan=ns.plan, host_root=ns.host_root)
+    limits = elastic.Limits(membership_timeout=ns.membership_timeout, max_reforms=ns.max_reforms)
+    return Command(plan=plan, train=cfg, show_plan=ns.plan, host_root=ns.host_root, limits=limits)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> Plan:
@@ -114,7 +133,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return show_plan(plan, command.host_root)
     # Paths are this node's: named once here, before any rank starts, not by every rank after start-up.
     startup.run_checks(command.train, plan.world_size, startup.PATH_CHECKS)
-    return run(plan, elastic.supervise) if plan.max_nodes > plan.nnodes else run(plan)
+    if plan.max_nodes > plan.nnodes:
+        return run(plan, functools.partial(elastic.supervise, limits=command.limits))
+    return run(plan)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ relay, never inside a rank. MindSpore-free by contract (.importlinter) and by a 
 - elastic: `--nnodes MIN:MAX`'s loop: first formation, re-forming after a loss, admission
 - membership: the elastic decision, pure: who is in, who hosts the scheduler, which node ranks
 - drain: after a stop signal's save, a drain (the signalled nodes leave) told apart from a stop of the whole job
+- claims: each membership claimed once in the shared log dir, by an exclusive create the file server decides
 - peers: each launcher's small TCP service on `--master_port + 1`, the nodes' states exchanged
 - scheduler_generation: node 0's token for each scheduler it starts, so no node rejoins a dying one
 - forwarder: the preemption signal passed on to the ranks this launcher started, once

@@ -6,7 +6,7 @@ the attempts (msdist.launcher.supervisor.run_attempt) of one launcher under the 
 * first formation: the launcher started with --node_rank 0 forms view 1 once MAX nodes asked, or MIN nodes
   asked and --wait_for_nodes passed since (fewer than MIN within --stall_startup_timeout: the named failure);
   the others wait for a view that holds them;
-* a node lost (no answer for peers.MEMBER_TIMEOUT_S, or it failed) or a node that stopped its ranks: every
+* a node lost (no answer for --membership_timeout, or it failed) or a node that stopped its ranks: every
   launcher stops its ranks at once and says "reforming";
 * a node asking to join, while the view has fewer than MAX nodes: node 0 says "saving", every launcher sends
   its ranks the preemption signal, so they save a complete checkpoint at one agreed step and exit with
@@ -14,13 +14,16 @@ the attempts (msdist.launcher.supervisor.run_attempt) of one launcher under the 
 * a stop signal to a launcher: every rank saves at one agreed step and exits 200; then the nodes signalled
   leave (a drain) and the others go on, or the job stops (msdist.launcher.drain tells the two apart);
 * reforming: the first member of the old view not gone (membership.leader) waits until every other member is
-  reforming or gone, decides the next view, claims it (an exclusive file in the shared --output_dir: two sides
-  of a network partition can never both go on under one generation) and publishes it; every member adopts it
-  and restarts its ranks with --resume auto (the newest complete checkpoint) at the new world size.
+  reforming or gone, decides the next view, claims it (msdist.launcher.claims: an exclusive file in the shared
+  --output_dir, so two sides of a network partition can never both go on under one generation) and publishes
+  it; every member adopts it and restarts its ranks with --resume auto (the newest complete checkpoint) at the
+  new world size.
 
 A membership change is one console line on every launcher and one record in logs/membership.jsonl (node 0's
 launcher writes it), both once rank 0 said where it resumed. A failure that leaves the membership as it was is
-a restart (--max_restarts); a membership change is not.
+a restart (--max_restarts); a re-form because a member was lost (not one that ended or drained, nor a node
+joining) counts against --max_reforms, so a flapping link or host cannot take the job back to its checkpoint
+forever.
 """
 import dataclasses
 import json
@@ -29,13 +32,14 @@ import re
 import signal
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from msdist.base.errors import ConfigError
 from msdist.base.files import rank_log_path
 from msdist.base.launch_env import BATCH_SLOTS_VAR, RESUME_FROM_RANK0_VAR
 from msdist.cluster import preemption
-from msdist.launcher import drain
+from msdist.launcher import claims, drain
 from msdist.launcher import peers as peers_mod
 from msdist.launcher.failures import Failure
 from msdist.launcher.forwarder import Forwarder
@@ -47,8 +51,13 @@ from msdist.launcher.supervisor import Plan, report_failure, run_attempt, say
 _WAIT_S = 0.2
 _RESUMED = re.compile(r"resumed from .*global step (\d+)")
 _FRESH = "resume auto: no checkpoint"
-_STOP_LIMIT_S = 2 * peers_mod.MEMBER_TIMEOUT_S   # a member that answers but has not stopped its ranks by then is gone
-_CLAIM_VISIBLE_S = 10.0     # a claim file written on another host may take a moment to show on NFS
+
+
+@dataclass(frozen=True)
+class Limits:
+    """An elastic job's membership timing and budget: msdist.launch's options of the same names (docs/elastic.md)."""
+    membership_timeout: float = peers_mod.MEMBER_TIMEOUT_S   # a node silent this long is lost
+    max_reforms: int = 3          # re-forms after a lost or failed node, at most this many
 
 
 class _Ended(Exception):
@@ -66,22 +75,22 @@ def rank_environment(plan: Plan) -> Dict[str, str]:
     return {BATCH_SLOTS_VAR: str(plan.max_nodes * plan.nproc), RESUME_FROM_RANK0_VAR: "1"}
 
 
-def supervise(plan: Plan, forwarder: Forwarder) -> int:
+def supervise(plan: Plan, forwarder: Forwarder, limits: Limits = Limits()) -> int:
     """Run this node's part of an elastic job until it ends; the exit status (msdist.launcher.supervisor.run)."""
     os.makedirs(plan.log_dir, exist_ok=True)
     os.environ.update(rank_environment(plan))   # every rank inherits it
     port = plan.master_port + 1
     me = f"{plan.master_addr if plan.node_rank == 0 else peers_mod.own_address(plan.master_addr)}:{port}"
-    peers = Peers(me, f"{plan.master_addr}:{port}", plan.nproc, plan.node_rank).start()
+    peers = Peers(me, f"{plan.master_addr}:{port}", plan.nproc, plan.node_rank, limits.membership_timeout).start()
     try:
-        return _Elastic(plan, peers, forwarder).run()
+        return _Elastic(plan, limits, peers, forwarder).run()
     finally:
         peers.close()
 
 
 class _Elastic:
-    def __init__(self, plan: Plan, peers: Peers, forwarder: Forwarder):
-        self.plan, self.peers, self.forwarder = plan, peers, forwarder
+    def __init__(self, plan: Plan, limits: Limits, peers: Peers, forwarder: Forwarder):
+        self.plan, self.limits, self.peers, self.forwarder = plan, limits, peers, forwarder
         self.nodes = NodeRange(plan.nnodes, plan.max_nodes)
         self.me = peers.me
         self.seen_gone: Dict[str, str] = {}   # the members the last attempt's watch found gone -> why, then
@@ -94,7 +103,8 @@ class _Elastic:
             return self._end("failed", f"FAILED: {e}", 1)
         except _Ended as e:
             return self._end("done", str(e), 0)
-        restarts, attempt, joined, announce = 0, 0, {}, _changed(self.seen_before, view) if self.seen_before else None
+        restarts, reforms, attempt, joined = 0, 0, 0, {}
+        announce = _changed(self.seen_before, view) if self.seen_before else None
         # A node admitted into a job that ran already continues it, as every restart does.
         train_args = self.plan.train_args + (["--resume", "auto"] if view.generation > 1 else [])
         while True:
@@ -121,6 +131,12 @@ class _Elastic:
                     spent = f" after {self.plan.max_restarts} restart(s)" if self.plan.max_restarts else ""
                     return self._end("failed", f"FAILED{spent}: {failure.summary()}", 1)
                 say(f"restart {restarts} of {self.plan.max_restarts}: starting the ranks again with --resume auto")
+            reforms += bool(_lost(change))
+            if reforms > self.limits.max_reforms:
+                spent = self.limits.max_reforms
+                return self._end("failed", f"FAILED: {_lost(change)}; the job re-formed after a lost node {spent} "
+                                 f"time(s) already (--max_reforms {spent}): a flapping host or link would take it back "
+                                 "to its checkpoint forever", 1)
             announce = change if change.view.members != view.members else None
             view = change.view
             train_args = self.plan.train_args + ["--resume", "auto"]
@@ -176,7 +192,7 @@ class _Elastic:
         asked = {self.me: (0, -1)}
         asked.update({m: ((self.peers.state_of(m) or {}).get("node_rank", 0), i) for i, m in enumerate(waiting)})
         change = decide(View(uuid.uuid4().hex, 0, ()), set(), first_order(asked), self.nodes)
-        self._claim(change.view)
+        claims.claim(self.plan.log_dir, change.view)
         self.peers.set("running", change.view)
         say(f"membership 1: {len(change.view.members)} node(s) ({', '.join(map(host_of, change.view.members))}), "
             f"world size {len(change.view.members) * self.plan.nproc}; node 0 (scheduler) "
@@ -200,7 +216,7 @@ class _Elastic:
                                   f"{self.plan.nproc}: every node of an elastic job needs the same -n")
             if view is not None and self.me in view.members:
                 self.peers.set("running", view)   # no longer "waiting": that would be a restarted launcher
-                self._check_claim(view)
+                claims.check_shared(self.plan.log_dir, self.plan.output_dir, view)
                 return view
             self.seen_before = view
             if view is None and time.monotonic() - began > self.plan.stall.stall_startup_timeout:
@@ -227,6 +243,7 @@ class _Elastic:
             drain.JobStops: after a stop save, the job ends here instead.
         """
         began = time.monotonic()
+        stop_limit = 2 * self.limits.membership_timeout   # a member that answers but has not stopped its ranks by then
         while True:
             gone = self.peers.gone(view)
             gone.update({m: why for m, why in self.seen_gone.items() if m in gone})  # as first seen
@@ -236,8 +253,8 @@ class _Elastic:
                     gone.setdefault(m, state["phase"])
                 if m != self.me and self.peers.in_phase(m, "draining", view.generation):
                     gone[m] = drain.DRAINED   # also once it went silent: a drained node may be killed after its save
-            if time.monotonic() - began > _STOP_LIMIT_S:  # answers, but its ranks never stop: not a hang either
-                gone.update({m: f"did not stop its ranks within {_STOP_LIMIT_S:.0f} s" for m in view.members
+            if time.monotonic() - began > stop_limit:  # answers, but its ranks never stop: not a hang either
+                gone.update({m: f"did not stop its ranks within {stop_limit:.0f} s" for m in view.members
                              if m != self.me and m not in gone and
                              not self.peers.in_phase(m, "reforming", view.generation)})
             newer = self._newer(view)
@@ -245,14 +262,14 @@ class _Elastic:
                 if self.me not in newer.members:
                     raise _LeftOut(f"the job went on as membership {newer.generation} without this node (a network "
                                    "partition, or it was too slow to answer)")
-                self._check_claim(newer)
+                claims.check_shared(self.plan.log_dir, self.plan.output_dir, newer)
                 return _changed(view, newer, gone)
             if leader(view, set(gone)) == self.me and self._all_stopped(view, gone):
                 waiting = self.peers.waiting()
                 change = drain.next_view(view, gone, waiting, self.nodes) if stop_save else \
                     decide(view, set(gone), waiting, self.nodes)
                 change = Change(change.view, change.left, change.joined, gone)
-                if self._claim(change.view):   # else claimed by another node first: follow it, or leave
+                if claims.claim(self.plan.log_dir, change.view):   # else another node's first: follow it, or leave
                     self.peers.set("reforming", change.view)
                     return change
             time.sleep(_WAIT_S)
@@ -264,39 +281,16 @@ class _Elastic:
     def _newer(self, view: View) -> Optional[View]:
         """The view decided after `view`, heard from a node or claimed by one this node cannot hear (a partition)."""
         newer = self.peers.newest_view(view.job)
-        return newer if newer is not None and newer.generation > view.generation else self._claimed(view)
+        if newer is not None and newer.generation > view.generation:
+            return newer
+        return claims.claimed_after(self.plan.log_dir, view)
 
-    def _claim_path(self, view: View) -> str:
-        return os.path.join(self.plan.log_dir, "membership", f"{view.job}-{view.generation}.json")
 
-    def _claimed(self, view: View) -> Optional[View]:
-        """The view claimed for the generation after `view`'s, if any node claimed it."""
-        try:
-            with open(self._claim_path(View(view.job, view.generation + 1, ())), encoding="utf-8") as f:
-                return View.from_dict(json.load(f))
-        except (OSError, ValueError, KeyError):
-            return None   # none, or still being written
-
-    def _claim(self, view: View) -> bool:
-        """Claim generation `view.generation` for `view`, once for the job: False if another node claimed it."""
-        path = self._claim_path(view)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(view.as_dict(), f)
-        return True
-
-    def _check_claim(self, view: View) -> None:
-        """The view's claim must be in this node's --output_dir too: elastic restarts need one shared directory."""
-        deadline = time.monotonic() + _CLAIM_VISIBLE_S
-        while not os.path.exists(self._claim_path(view)):
-            if time.monotonic() > deadline:
-                raise ConfigError(f"--output_dir {self.plan.output_dir} is not the one node 0 "
-                                  f"({view.scheduler_host}) writes to: an elastic job needs storage every node sees")
-            time.sleep(_WAIT_S)
+def _lost(change: Change) -> str:
+    """The members `change` left out because they were lost or failed, and why ("" = none: they ended or were
+    drained, or nodes only joined)."""
+    return "; ".join(f"node {host_of(m)} {change.why.get(m, 'left')}" for m in change.left
+                     if change.why.get(m) not in (*peers_mod.ENDED, drain.DRAINED))
 
 
 def _changed(before: View, after: View, why: Optional[Dict[str, str]] = None) -> Change:

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Tuple
 from msdist.base.errors import ConfigError
 from msdist.launcher.membership import View
 
-MEMBER_TIMEOUT_S = 10.0    # no answer this long: the node is lost. Polls are 0.5 s apart, so 20 missed in a row
+MEMBER_TIMEOUT_S = 10.0    # --membership_timeout's default: no answer this long, the node is lost (20 polls missed)
 POLL_S = 0.5
 _CONNECT_S = 1.0           # a host whose network is gone times out here instead of hanging the poll
 ENDED = ("done", "preempted")
@@ -64,10 +64,11 @@ class Peers:
         contact: the node asked first ("IP:PORT" of --master_addr), until this node is in a view.
         nproc: its ranks per node.
         node_rank: the --node_rank it was started with (the first formation's order).
+        timeout: --membership_timeout: a member silent this long is lost, a node asking this long ago is not waiting.
     """
 
-    def __init__(self, me: str, contact: str, nproc: int, node_rank: int):
-        self.me, self.contact = me, contact
+    def __init__(self, me: str, contact: str, nproc: int, node_rank: int, timeout: float = MEMBER_TIMEOUT_S):
+        self.me, self.contact, self.timeout = me, contact, timeout
         self._state = {"id": me, "phase": "waiting", "view": None, "nproc": nproc, "node_rank": node_rank}
         self._heard: Dict[str, Tuple[float, dict]] = {}   # node -> (time.monotonic() of its last word, its state)
         self._asked: Dict[str, float] = {}                # non-members that asked -> when they first asked
@@ -173,19 +174,19 @@ class Peers:
             silent = now - max(at, self._since)
             if state.get("phase") == "failed":
                 gone[m] = "its launcher failed"
-            elif state.get("phase") == "waiting" and now - self._since > MEMBER_TIMEOUT_S:
+            elif state.get("phase") == "waiting" and now - self._since > self.timeout:
                 # Still asking to join long after the view that holds it was decided: a new launcher there.
                 gone[m] = "its launcher restarted"
-            elif silent > MEMBER_TIMEOUT_S and state.get("phase") not in ENDED:
+            elif silent > self.timeout and state.get("phase") not in ENDED:
                 gone[m] = f"lost: no answer for {silent:.0f} s"
         return gone
 
     def waiting(self) -> List[str]:
-        """Non-members asking to join now (heard within MEMBER_TIMEOUT_S), in the order they first asked."""
+        """Non-members asking to join now (heard within the timeout), in the order they first asked."""
         now, view = time.monotonic(), self.view
         members = view.members if view else ()
         alive = [m for m, (at, state) in list(self._heard.items())
-                 if state.get("phase") == "waiting" and now - at <= MEMBER_TIMEOUT_S and m not in members]
+                 if state.get("phase") == "waiting" and now - at <= self.timeout and m not in members]
         return sorted(alive, key=lambda m: self._asked.get(m, now))
 
     def newest_view(self, job: Optional[str]) -> Optional[View]:

@@ -100,13 +100,18 @@ def _write_pair(params: List[dict], path: str, append: Dict, sidecar: Dict) -> N
         raise
 
 
-def write_failure(path: str, error: BaseException) -> str:
-    """What a failed write of checkpoint `path` says: the file, the error, and the room left where it was written."""
+def free_mib(directory: str) -> float:
+    """The room left on `directory`'s file system, in MiB; -1 where it cannot be read."""
     try:
-        free = f"{shutil.disk_usage(os.path.dirname(path)).free / (1 << 20):.1f} MiB free there"
-    except OSError as e:
-        free = f"free space unknown: {e.strerror}"
-    return f"writing checkpoint {path} failed: {first_line(str(error)) or type(error).__name__} ({free})"
+        return shutil.disk_usage(directory).free / (1 << 20)
+    except OSError:
+        return -1.0
+
+
+def write_failure(path: str, error: str, free: float) -> str:
+    """What a failed write of checkpoint `path` says: the file, the error, and the room left (`free_mib`) there."""
+    room = f"{free:.1f} MiB free there" if free >= 0 else "free space unknown"
+    return f"writing checkpoint {path} failed: {error} ({room})"
 
 
 def _remove_quietly(path: str) -> None:

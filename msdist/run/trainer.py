@@ -144,7 +144,8 @@ class Trainer:
         self.profiler = StepProfiler.open(self.run.watch.profile, self.dist.rank, self.dist.device_target,
                                           output.directory, at.global_step)
         self.saved_at, metrics = at.global_step, None
-        self.stop = preempt_stop.Agreement(self.listener, self.collectives, at.global_step)
+        self.stop = preempt_stop.Agreement(self.listener, self.collectives, at.global_step,
+                                           faults=self.background.failure_row)
         train_start = time.perf_counter()
         while at.next_epoch(self.steps_per_epoch) < schedule.epochs and not self._reached(at) and not self._preempted:
             at = self._train_epoch(at)
@@ -159,7 +160,7 @@ class Trainer:
         # Save the last step if unsaved; evaluate unless the last epoch did (not when stopped by max_steps, or
         # resumed from a finished run).
         final = self._save_and_evaluate(at, save=at.global_step != self.saved_at, evaluate=metrics is None)
-        self.background.wait()
+        self._settle_writes(at)
         return Outcome(at, metrics or final, train_start, train_seconds, self.watch.meter, self.saver.newest,
                        self.watch.ranks.summary())
 
@@ -170,14 +171,14 @@ class Trainer:
     def _save_preempted(self, at: Position, train_start: float, train_seconds: float) -> Outcome:
         """Every rank agreed to stop at `at`: save the training state as it is, unless the schedule just did, and
         wait until every rank's checkpoint is complete."""
+        self._settle_writes(at)   # a background write failed on some rank: every rank exits with a failure, not 200
         if at.global_step != self.saved_at:
             self.beat.enter(Phase.CHECKPOINT_SAVE, nbytes=self._state_bytes)
             loss_scale.check_finite(self.model.scaler)  # never write weights a fixed scale has made inf or NaN
             self._write(at)
-        self.background.wait()
         # Every rank's file is on disk before any rank exits 200: a relay or launcher that sees 200 from its own
-        # ranks knows the checkpoint is complete everywhere. A rank whose save failed never arrives here, and
-        # the others end with MindSpore's lost-peer error instead of 200.
+        # ranks knows the checkpoint is complete everywhere. A rank whose blocking save failed never arrives here,
+        # and the others end with MindSpore's lost-peer error instead of 200.
         self.collectives.sum([1.0])
         self.watch.close()
         _logger.warning("preempted: the ranks agreed on global step %d; checkpoint complete %.1f s after the "
@@ -217,7 +218,7 @@ class Trainer:
         try:
             for length in lengths:
                 at = self._sunk_chunk(source, at, length) if sunk else self._host_chunk(source, at, length)
-                self.background.raise_failure()  # a failed background write stops the run within a chunk
+                self.background.raise_crash()  # a fault of the writer's own; a failed write: _stop_agreed
                 self._save_by_steps(at)
                 if self._reached(at) or self._stop_agreed(at):
                     return at, True
@@ -260,7 +261,19 @@ class Trainer:
         self.beat.enter(Phase.STOP_CHECK)
         agreed = self.stop.stop_at(at.global_step)
         self.beat.enter(Phase.DATA_WAIT)
+        if self.stop.faulted is not None:
+            raise self.background.failure_error(self.stop.faulted, at.global_step, self.steps_per_epoch)
         return agreed
+
+    def _settle_writes(self, at: Position) -> None:
+        """Wait for the background write in flight; if any rank's failed, every rank names it and stops. One small
+        gather at a save, an evaluation and the end (never per step), so a rank whose write failed while the loop
+        waited for it does not leave the others in the next collective."""
+        self.background.wait()
+        if self.schedule.save_every_steps:
+            rows = self.collectives.gather(self.background.failure_row())
+            if rows.any():
+                raise self.background.failure_error(rows, at.global_step, self.steps_per_epoch)
 
     def _train_step(self, images, labels, at: Position) -> Position:
         """One optimizer step (and the EMA's update after it); nothing is read back here. MindSpore 2.10 ends each
@@ -330,7 +343,7 @@ class Trainer:
             self.beat.enter(Phase.EVALUATION, batches=self._eval_batches)
         else:
             return None
-        self.background.wait()  # at most one write in flight, and keep_best may link the newest checkpoint
+        self._settle_writes(at)  # at most one write in flight, and keep_best may link the newest checkpoint
         self._one_model()  # its collectives count toward the phase entered above
         if save:
             self._save(at)

@@ -79,10 +79,21 @@ def test_kill9_during_a_background_write_leaves_the_previous_checkpoint_newest_a
     assert_same_final_params(resumed, reference)
 
 
+# (extra options, checkpoint files the tmpfs holds, the last global step the ranks may stop at)
+NAMED_AT_EPOCH_END = ([], 4.5, 24)      # steps 10 and 12 (4 files while written, then 3: identical files linked)
+# No save or evaluation at an epoch's end before the last (step 144): only the stop check can share the failure.
+NAMED_AT_STOP_CHECK = (["--save_every_epochs", "12", "--eval_every_epochs", "12", "--epochs", "12"], 2.5, 143)
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_a_background_write_to_a_full_disk_is_named_within_a_step_and_stops_the_job(tmp_path, reference):
-    """A real ENOSPC: the checkpoint folder is a tmpfs with room for the saves of steps 10 and 12 and not those of 20."""
+@pytest.mark.parametrize("extra, files, last", [NAMED_AT_EPOCH_END, NAMED_AT_STOP_CHECK],
+                         ids=["at-epoch-end", "at-stop-check"])
+def test_a_background_write_to_a_full_disk_is_named_on_every_rank_and_stops_the_job(tmp_path, reference, extra, files,
+                                                                                     last):
+    """A real ENOSPC: the checkpoint folder is a tmpfs with room for the saves before step 20 and half of step 20's.
+    Every rank names the failing rank(s) in one line and exits 2 (issue 41 item 7), whether the failure reaches
+    the others through the wait before an epoch-end save or through the stop check's gather."""
     if not shutil.which("mpirun") or os.geteuid() != 0:
         pytest.skip("needs mpirun, and root to mount a tmpfs")
     assert reference.wait() == 0, reference.stderr()
@@ -91,22 +102,29 @@ def test_a_background_write_to_a_full_disk_is_named_within_a_step_and_stops_the_
 
     def small_disk(output_dir):
         os.makedirs(os.path.join(output_dir, "ckpt"))
-        # Steps 10 (2 files) and 12 (2 files while written; then one, the ranks' identical files are linked), and
-        # half of step 20's.
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size * 4.5) + (64 << 10)}", "tmpfs",
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size * files) + (64 << 10)}", "tmpfs",
                         os.path.join(output_dir, "ckpt")], check=True)
         mounted.append(os.path.join(output_dir, "ckpt"))
     try:
-        job = Job(tmp_path, "full", [], EXACT_ARGS + ["--save_every_steps", str(EVERY), "--log_every", "1"],
+        job = Job(tmp_path, "full", [], EXACT_ARGS + ["--save_every_steps", str(EVERY), "--log_every", "1", *extra],
                   command=MPIRUN_TRAIN, env=MPI_ENV, before_start=small_disk)
-        assert job.wait() != 0
-        named = re.findall(r"rank (\d): background save of global step 20: writing checkpoint \S+rank\d-2_8.ckpt "
-                           r"failed: \[Errno 28\] No space left on device \(\d+\.\d MiB free there\)", job.stderr())
-        assert named, job.stderr()[-3000:]
-        for rank in set(named):
+        assert job.wait() == 2, job.stderr()[-3000:]   # the ranks' failure status, not MindSpore's lost peer
+        failed = rf"rank (\d): background save of global step 20: writing checkpoint \S+rank\d-2_8.ckpt failed: " \
+                 r"\[Errno 28\] No space left on device \(\d+\.\d MiB free there\)"
+        lines = {}
+        for rank in (0, 1):   # every rank names the failing rank(s), whichever failed, in the same line
             log = open(os.path.join(job.output_dir, "logs", f"rank_{rank}.log"), encoding="utf-8").read()
+            said = re.findall(r"error: background save failed on rank\(s\) ([\d, ]+); every rank stopped at global "
+                              rf"step (\d+): ({failed}(?:; {failed})*)\n", log)
+            assert len(said) == 1, log[-3000:]
+            lines[rank] = said[0][:2]
+            stopped = int(said[0][1])
             steps = [(int(e) - 1) * 12 + int(s) for e, s in re.findall(r"epoch (\d+)/\d+ step (\d+)/12 ", log)]
-            assert max(steps) <= 22, steps   # the write began after step 20; named after the step it failed in
+            # The write began after step 20; the ranks stop together at the first stop check (about a second of
+            # training) after it failed, or at the wait before the next save, whichever comes first.
+            assert 20 < stopped <= last and max(steps) == stopped, (stopped, steps)
+        assert lines[0] == lines[1], lines
+        for rank in lines[0][0].split(", "):
             assert not glob.glob(os.path.join(job.output_dir, "ckpt", f".resnet_tiny_rank{rank}-*"))
     finally:
         for path in mounted:

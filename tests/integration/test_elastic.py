@@ -61,15 +61,17 @@ def cut_hosts():
     yield from _host_pair(CUT_PREFIX)
 
 
-def _node(tmp, name, hosts, node, port, args=ARGS, wait_for_nodes=30, back=False):
+def _node(tmp, name, hosts, node, port, args=ARGS, wait_for_nodes=30, back=False, launcher=(), env=None,
+          launch=("-m", "msdist.launch"), output_name=None):
     """One `msdist.launch -n 1 --nnodes 1:2` in host `node`'s namespace, on its own core. `back`: the host comes
     back to a job that runs on the other host: it asks that host (and is not node_rank 0, which forms a job)."""
     ns, master = hosts[node][0], hosts[1 - node if back else 0][1]
     return Job(tmp, f"{name}_node{node}{'_back' if back else ''}",
                ["-n", "1", "--nnodes", "1:2", "--node_rank", str(1 if back else node), "--master_addr", master,
-                "--master_port", str(port), "--wait_for_nodes", str(wait_for_nodes)], args, output_name=name,
-               command=["ip", "netns", "exec", ns, "taskset", "-c", str(node % os.cpu_count()), sys.executable, "-m",
-                        "msdist.launch"])
+                "--master_port", str(port), "--wait_for_nodes", str(wait_for_nodes), *launcher], args,
+               output_name=output_name or name, env=env,
+               command=["ip", "netns", "exec", ns, "taskset", "-c", str(node % os.cpu_count()), sys.executable,
+                        *launch])
 
 
 def _lose_node(jobs, node) -> dict:
@@ -285,3 +287,74 @@ def test_fewer_than_min_nodes_is_a_named_failure_not_a_hang(tmp_path):
                      "minimum 2 (--nnodes 2:4)"], job.stderr()
     assert not os.path.exists(os.path.join(job.output_dir, "logs", "rank_0.heartbeat"))   # no rank started
     assert job.leftovers() == []
+
+
+@pytest.mark.multiprocess
+def test_a_reform_after_a_lost_node_beyond_max_reforms_is_one_line_and_a_failure(hosts, tmp_path):
+    """--max_reforms 0: the first lost node spends the budget; the survivor says so in one line and exits 1 instead
+    of re-forming (a flapping link would loop the job back to its checkpoint forever). --membership_timeout 3 s:
+    the loss is seen after 3 s of silence, not the default 10."""
+    port = 23000 + os.getpid() % 500 * 10
+    launcher = ["--max_reforms", "0", "--membership_timeout", "3"]
+    jobs = {node: _node(tmp_path, "budget", hosts, node, port, launcher=launcher) for node in (1, 0)}
+    try:
+        kill = _lose_node(jobs, 1)
+        kill["thread"].join(timeout=RUN_LIMIT_S)
+        assert "at" in kill, jobs[1].stderr()
+        assert jobs[0].wait(limit_s=120) == 1, jobs[0].stderr()
+        lines = [line for line in jobs[0].stderr().splitlines() if "FAILED" in line]
+        assert len(lines) == 1 and re.fullmatch(
+            rf"msdist\.launch: FAILED: node {re.escape(hosts[1][1])} lost: no answer for [3-9] s; the job re-formed "
+            r"after a lost node 0 time\(s\) already \(--max_reforms 0\): a flapping host or link would take it back "
+            r"to its checkpoint forever", lines[0]), jobs[0].stderr()
+        assert _changes(jobs[0]) == []   # never went on as membership 2
+        assert jobs[0].leftovers() == []
+    finally:
+        for job in jobs.values():
+            if job.proc.poll() is None:
+                job.proc.kill()
+                job.proc.wait()
+
+
+NFS_DELAY_S = 35   # above NFS's acdirmin (30 s), and above the 10 s the claim once had to show within
+NFS_LAUNCH = (os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch_with_nfs_delay.py"),)
+
+
+@pytest.mark.multiprocess
+def test_a_node_whose_nfs_cache_hides_the_claim_for_35_s_is_admitted_at_once(hosts, tmp_path):
+    """Node 1 sees node 0's claim files only 35 s after they were written (tests/nfs_delay.py: stat and open, as an
+    NFS client's attribute cache may). The claim is checked by an exclusive create, which the server answers, so
+    node 1 joins membership 1 at once and the job runs on both hosts (no re-form)."""
+    port = 26000 + os.getpid() % 500 * 10
+    jobs = {1: _node(tmp_path, "nfs", hosts, 1, port, env={"MSDIST_TEST_NFS_DELAY": str(NFS_DELAY_S)},
+                     launch=NFS_LAUNCH),
+            0: _node(tmp_path, "nfs", hosts, 0, port)}
+    try:
+        for node in (0, 1):
+            assert jobs[node].wait(limit_s=RUN_LIMIT_S) == 0, jobs[node].stderr()
+        assert _changes(jobs[0]) == [] and _result(jobs[0])["world_size"] == 2
+        assert jobs[0].leftovers() == [] and jobs[1].leftovers() == []
+    finally:
+        for job in jobs.values():
+            if job.proc.poll() is None:
+                job.proc.kill()
+                job.proc.wait()
+
+
+@pytest.mark.multiprocess
+def test_a_node_with_another_output_dir_is_named_at_once(hosts, tmp_path):
+    """Node 1's --output_dir is not node 0's: its exclusive create of the claim succeeds, so it names the directory
+    in one line and exits 2 at once, and leaves no claim file behind."""
+    port = 27000 + os.getpid() % 500 * 10
+    jobs = {1: _node(tmp_path, "unshared", hosts, 1, port, output_name="elsewhere"),
+            0: _node(tmp_path, "unshared", hosts, 0, port)}
+    try:
+        assert jobs[1].wait(limit_s=120) == 2, jobs[1].stderr()
+        assert f"msdist: error: --output_dir {jobs[1].output_dir} is not the one node 0 ({hosts[0][1]}) writes to: " \
+               "an elastic job needs storage every node sees" in jobs[1].stderr()
+        assert glob.glob(os.path.join(jobs[1].output_dir, "logs", "membership", "*")) == []
+    finally:
+        for job in jobs.values():
+            if job.proc.poll() is None:
+                job.proc.kill()
+                job.proc.wait()

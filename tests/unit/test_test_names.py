@@ -12,6 +12,8 @@ TOPIC_FILES = {
     "faces/test_output_dir.py": "msdist/train.py's output-folder claim; test_train.py is "
                                 "tests/integration/test_train.py's name, and basenames are unique (pytest.ini)",
     "faces/test_launch_command.py": "msdist/launch.py's command line; test_launch.py is tests/integration/'s name",
+    "run/test_background_failure.py": "msdist/run/background_save.py's failure line; test_background_save.py is "
+                                      "tests/integration/'s name",
     "launcher/test_mindspore_free.py": "the whole launcher package and the rank start-up, in a fresh interpreter: "
                                        "no one module",
 }

@@ -6,7 +6,9 @@ import signal
 import pytest
 
 from msdist import launch
+from msdist.base.errors import ConfigError
 from msdist.cluster.stall import StallPolicy
+from msdist.launcher import elastic
 from msdist.launcher.supervisor import Plan
 from msdist.run import config
 from conftest import REAL_DATA as DATA_DIR
@@ -33,3 +35,14 @@ def test_the_command_is_frozen_and_keeps_the_plan_options_out_of_the_supervisors
     with pytest.raises(dataclasses.FrozenInstanceError):
         command.plan.nproc = 2
     assert {"show_plan", "host_root", "data_dir"}.isdisjoint(f.name for f in dataclasses.fields(Plan))
+
+
+def test_the_elastic_membership_options_have_documented_defaults_and_are_checked():
+    assert launch.read_command(["-n", "1", "--data_dir", DATA_DIR]).limits == elastic.Limits(10.0, 3)
+    limits = launch.read_command(["-n", "1", "--membership_timeout", "30", "--max_reforms", "0", "--data_dir",
+                                  DATA_DIR]).limits
+    assert limits == elastic.Limits(membership_timeout=30.0, max_reforms=0)
+    for option, value, named in [("--membership_timeout", "1", "--membership_timeout 1 must be >= 2 s"),
+                                 ("--max_reforms", "-1", "--max_reforms -1 must be >= 0")]:
+        with pytest.raises(ConfigError, match=named):
+            launch.read_command(["-n", "1", option, value, "--data_dir", DATA_DIR])

@@ -6,7 +6,6 @@ import pytest
 
 from msdist.base.errors import ConfigError
 from msdist.cluster.rendezvous import free_port
-from msdist.launcher import peers as peers_mod
 from msdist.launcher.membership import (Change, NodeRange, TooFewNodes, View, decide, describe, first_order, leader,
                                        parse_nnodes, record)
 from msdist.launcher.peers import Peers
@@ -98,12 +97,12 @@ def _until(condition, limit_s=5.0):
         time.sleep(0.05)
 
 
-def test_peers_exchange_states_see_a_newcomer_wait_and_a_closed_one_lost(monkeypatch):
-    """Two launchers' services on loopback addresses: a member and a node asking to join, which is then lost."""
-    monkeypatch.setattr(peers_mod, "MEMBER_TIMEOUT_S", 1.0)
+def test_peers_exchange_states_see_a_newcomer_wait_and_a_closed_one_lost():
+    """Two launchers' services on loopback addresses: a member and a node asking to join, which is then lost
+    after --membership_timeout (1 s here)."""
     port = free_port()
-    member = Peers(f"127.0.0.1:{port}", f"127.0.0.1:{port}", nproc=1, node_rank=0).start()
-    newcomer = Peers(f"127.0.0.2:{port}", f"127.0.0.1:{port}", nproc=1, node_rank=1).start()
+    member = Peers(f"127.0.0.1:{port}", f"127.0.0.1:{port}", nproc=1, node_rank=0, timeout=1.0).start()
+    newcomer = Peers(f"127.0.0.2:{port}", f"127.0.0.1:{port}", nproc=1, node_rank=1, timeout=1.0).start()
     running = [member, newcomer]
     try:
         view = View("job", 1, (member.me,))
@@ -126,12 +125,11 @@ def test_peers_exchange_states_see_a_newcomer_wait_and_a_closed_one_lost(monkeyp
             peers.close()
 
 
-def test_a_member_asking_to_join_again_is_a_restarted_launcher(monkeypatch):
+def test_a_member_asking_to_join_again_is_a_restarted_launcher():
     """A member whose new launcher asks to join (its ranks are gone with the old one) is gone, then waiting."""
-    monkeypatch.setattr(peers_mod, "MEMBER_TIMEOUT_S", 1.0)
     port = free_port()
-    member = Peers(f"127.0.0.1:{port}", f"127.0.0.1:{port}", nproc=1, node_rank=0).start()
-    again = Peers(f"127.0.0.2:{port}", f"127.0.0.1:{port}", nproc=1, node_rank=1).start()
+    member = Peers(f"127.0.0.1:{port}", f"127.0.0.1:{port}", nproc=1, node_rank=0, timeout=1.0).start()
+    again = Peers(f"127.0.0.2:{port}", f"127.0.0.1:{port}", nproc=1, node_rank=1, timeout=1.0).start()
     try:
         view = View("job", 2, (member.me, again.me))
         member.set("running", view)

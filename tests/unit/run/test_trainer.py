@@ -148,7 +148,8 @@ def test_the_stop_check_after_a_step_has_a_phase_of_its_own(tmp_path):
     beat.step_done(1, 12, 12)
     beat.enter("data wait")
     during = []
-    stop = SimpleNamespace(stop_at=lambda step: during.append((step, beat.snapshot()["phase"])) or False)
+    stop = SimpleNamespace(stop_at=lambda step: during.append((step, beat.snapshot()["phase"])) or False,
+                           faulted=None)
     assert Trainer._stop_agreed(SimpleNamespace(beat=beat, stop=stop), Position(1, 12, 12)) is False
     assert during == [(12, "stop check")]
     assert beat.snapshot()["phase"] == "data wait"   # then the loop waits for the next batch
