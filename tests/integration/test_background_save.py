@@ -109,7 +109,7 @@ def test_a_background_write_to_a_full_disk_is_named_on_every_rank_and_stops_the_
         job = Job(tmp_path, "full", [], EXACT_ARGS + ["--save_every_steps", str(EVERY), "--log_every", "1", *extra],
                   command=MPIRUN_TRAIN, env=MPI_ENV, before_start=small_disk)
         assert job.wait() == 2, job.stderr()[-3000:]   # the ranks' failure status, not MindSpore's lost peer
-        failed = rf"rank (\d): background save of global step 20: writing checkpoint \S+rank\d-2_8.ckpt failed: " \
+        failed = r"rank (\d): background save of global step 20: writing checkpoint \S+rank\d-2_8.ckpt failed: " \
                  r"\[Errno 28\] No space left on device \(\d+\.\d MiB free there\)"
         lines = {}
         for rank in (0, 1):   # every rank names the failing rank(s), whichever failed, in the same line
