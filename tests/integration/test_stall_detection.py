@@ -152,13 +152,13 @@ def _tree_with_a_big_test_split(root, copies: int) -> str:
 @pytest.mark.slow
 def test_no_false_alarm_for_long_phases_and_a_slow_but_progressing_rank(tmp_path):
     """An 8 s stall limit under mpirun, and a job that exceeds it in every harmless way: cluster start-up and
-    the first compile, evaluations of a Test split 320x the usual one at batch 1 (about 16 s each on a quiet
-    2-core host, so one phase outlasts the limit however fast the host; at 160x this round's faster
-    evaluation took 8 s, no longer past the limit), checkpoint saves every
+    the first compile, evaluations of a Test split 640x the usual one at batch 1 (about 12 s each on a quiet
+    2-core host, so one phase outlasts the limit however fast the host; at 320x the faster evaluation of the
+    uint8 input took 6.2 s in a quiet CI run, no longer past the limit), checkpoint saves every
     epoch, and rank 1 slowed by 1.5 s freezes of its main thread every 2.5 s (the other rank waits for it
     in every collective). It must finish normally."""
     limit_s = 8
-    copies = 320
+    copies = 640
     data = _tree_with_a_big_test_split(tmp_path / "data", copies=copies)
     out = tmp_path / "run"
     proc = subprocess.Popen(mpirun(2) + [sys.executable, "-m", "msdist.train",
