@@ -336,7 +336,24 @@ def report_failure(failure: Failure, stopped_in_s: float, log_dir: str) -> None:
 
 
 def supervise(plan: Plan, forwarder: Forwarder) -> int:
-    """Run attempts until one succeeds, the restart budget is spent or the job is preempted; the exit status."""
+    """Run attempts until one succeeds, the restart budget is spent or the job is preempted; the exit status.
+    Node 0 of several leaves its outcome where restarting nodes look for its next scheduler."""
+    code = 1
+    try:
+        code = _attempts(plan, forwarder)
+        return code
+    except scheduler_generation.NodeZeroEnded as ended:
+        say(str(ended))
+        return 0 if ended.code == 0 else 1
+    except _Stop as stop:
+        code = 128 + stop.signum
+        raise
+    finally:
+        if plan.node_rank == 0 and plan.nnodes > 1:
+            scheduler_generation.mark_ended(plan.log_dir, code)
+
+
+def _attempts(plan: Plan, forwarder: Forwarder) -> int:
     os.makedirs(plan.log_dir, exist_ok=True)
     if plan.node_rank == 0 and plan.master_port and rendezvous.port_in_use(plan.master_addr, plan.master_port):
         raise ConfigError(f"--master_port {plan.master_port} is already in use on {plan.master_addr}; "

@@ -14,6 +14,10 @@ where its own time goes. A rank is slow in a window when, against the median of 
   with other work, or it has fewer);
 - else its step time is longer by more than the margin (a fraction of the median): **waiting on others**
   (its time goes inside the step, in the exchange: a slower peer or link it waits on).
+An input-bound rank explains its window: the other ranks then wait for it inside the exchange, and the threads
+that wait there stay runnable, so on a crowded host their core-wait share rises while the input-bound rank,
+asleep on its input, shows little (a CI run of two ranks on two busy cores: 64% against 37%). In such a window
+only the input-bound ranks are named.
 A rank slow in `windows` log windows in a row is named once, in one line and a `straggler` record of
 metrics.jsonl; the windows it stays slow carry `slow_rank` in their step records (`msdist.report` marks them).
 """
@@ -73,13 +77,15 @@ def _others_median(values: Sequence[float], rank: int) -> float:
 def slow_ranks(step_s: Sequence[float], input_share: Sequence[float], core_share: Sequence[float],
                margin: float) -> Dict[int, str]:
     """The ranks slow in one window and each one's verdict (module docstring); {} on one rank."""
-    found: Dict[int, str] = {}
     if len(step_s) < 2:
-        return found
+        return {}
+    input_bound = {rank: INPUT_BOUND for rank in range(len(step_s))
+                   if input_share[rank] - _others_median(input_share, rank) > margin}
+    if input_bound:
+        return input_bound
+    found: Dict[int, str] = {}
     for rank in range(len(step_s)):
-        if input_share[rank] - _others_median(input_share, rank) > margin:
-            found[rank] = INPUT_BOUND
-        elif core_share[rank] - _others_median(core_share, rank) > margin:
+        if core_share[rank] - _others_median(core_share, rank) > margin:
             found[rank] = COMPUTE_BOUND
         elif step_s[rank] > (1 + margin) * _others_median(step_s, rank):
             found[rank] = WAITING

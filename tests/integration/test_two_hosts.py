@@ -121,12 +121,20 @@ def _mpirun_across(tmp, hosts) -> Job:
     return Job(tmp, "mpirun", [], ARGS, env=env, command=command)
 
 
-def _kill_when(job, rank, step) -> dict:
-    """SIGKILL `rank` once it reports global step `step` (from a thread: other tests run meanwhile)."""
+def _has_a_checkpoint(job, rank) -> bool:
+    from msdist.run import checkpoint
+    return checkpoint.latest_good(os.path.join(job.output_dir, "ckpt"), "resnet_tiny", rank) is not None
+
+
+def _kill_when(job, rank, step, with_a_checkpoint=False) -> dict:
+    """SIGKILL `rank` once it reports global step `step` (and, if asked, once it has a complete checkpoint to
+    resume from), from a thread: other tests run meanwhile."""
     record = {}
 
     def watch():
         beat = job.wait_for_beat(rank, at_least_step=step)
+        while with_a_checkpoint and not _has_a_checkpoint(job, rank):
+            time.sleep(0.02)
         os.kill(beat["pid"], signal.SIGKILL)
         record.update(at=time.monotonic(), pid=beat["pid"])
 
@@ -148,8 +156,9 @@ def runs(hosts, tmp_path_factory):
     if shutil.which("mpirun"):
         started["mpirun"] = _mpirun_across(tmp, hosts)
     started["kills"] = {"killed": _kill_when(started["killed"][1], 1, 3),
-                        # epoch 2 (12 steps per epoch): the epoch-1 checkpoint exists to resume from
-                        "restarted": _kill_when(started["restarted"][1], 1, 14)}
+                        # In epoch 2 (12 steps per epoch), once the epoch-1 checkpoint is complete. Beats come every
+                        # 2 s and at each epoch's first step, so step 13 is the one seen before epoch 2 ends.
+                        "restarted": _kill_when(started["restarted"][1], 1, 13, with_a_checkpoint=True)}
     yield started
     for job in [started["one_host"], *(j for key in ("pair", "killed", "restarted") for j in started[key].values()),
                 *([started["mpirun"]] if "mpirun" in started else [])]:

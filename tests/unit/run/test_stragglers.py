@@ -17,6 +17,9 @@ def test_each_verdict_from_where_the_slow_ranks_time_goes():
     assert slow_ranks([0.5, 0.5, 0.5, 0.7], waits, cores, 0.2) == {3: WAITING}
     # Input explains it first: a rank waiting for input with its cores taken too is input-bound.
     assert slow_ranks(step_s, [0.05, 0.6, 0.04, 0.05], [0.1, 0.6, 0.1, 0.1], 0.2) == {1: INPUT_BOUND}
+    # The ranks that wait for an input-bound one spin runnable in the exchange: their cores look taken, but the
+    # input-bound rank is the one to name (a CI run's window of two ranks).
+    assert slow_ranks([1.0118, 1.0104], [0.0006, 0.9903], [0.6351, 0.3712], 0.2) == {1: INPUT_BOUND}
     # Within the margin, nobody; one rank has nobody to be compared with.
     assert slow_ranks(step_s, [0.05, 0.24, 0.04, 0.05], cores, 0.2) == {}
     assert slow_ranks([0.5], [0.9], [0.9], 0.2) == {}
