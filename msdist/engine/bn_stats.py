@@ -103,6 +103,11 @@ class SlotStatistics:
                             for p in live]) for j in range(1, slots_owned)]
         self._swaps = [_Swap(live, stored) for stored in self.others]
 
+    @property
+    def several(self) -> bool:
+        """Whether this rank owns several slots (statistics to swap between their micro-batches)."""
+        return bool(self.others)
+
     def swap(self, slot: int) -> None:
         """Exchange the network's statistics with those of this rank's `slot`-th slot (0: the network's own,
         nothing to do). Called before that slot's micro-batches and again after them."""

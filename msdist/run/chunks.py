@@ -112,25 +112,25 @@ def check_size(value) -> None:
         raise ConfigError(f"--sink_size {value!r} must be a positive whole number of steps per host call, or auto")
 
 
-def resolve_size(requested, device_target: str, accumulates: bool, log_every: int, save_every_steps: int) -> int:
+def resolve_size(requested, device_target: str, several_slots: bool, log_every: int, save_every_steps: int) -> int:
     """K, the steps per host call on this device.
 
     CPU has no data sink (MindSpore's DatasetHelper refuses one there: mindspore/train/dataset_helper.py:372-384),
     so `auto` is 1 there; an explicit K still groups the loop's boundary work into chunks of K steps. On GPU `auto`
-    is `auto_size`. A step that accumulates micro-batches (--grad_accum_steps, or a rank owning several batch
-    slots) is several launches from Python (`step.TrainStep.train_on`), never one sunk graph: K is 1 there
-    (`describe` says why).
+    is `auto_size`. A rank owning several batch slots (an elastic job below MAX nodes) swaps BatchNorm statistics
+    from the host between them (`step.TrainStep.train_on`), never inside one sunk graph: K is 1 there (`describe`
+    says why). `--grad_accum_steps` alone is sunk: `sink.SunkStep` unrolls the micro-batches in its graph.
     """
-    if accumulates:
+    if several_slots:
         return 1
     if requested != AUTO:
         return int(requested)
     return auto_size(log_every, save_every_steps, AUTO_CAP) if device_target == "GPU" else 1
 
 
-def describe(k: int, sunk: bool, accumulates: bool) -> str:
+def describe(k: int, sunk: bool, several_slots: bool) -> str:
     """The start-up line's account of K: `sink_size 10: chunks of up to 10 steps, each one sunk call (GPU)`."""
-    if accumulates:
-        return "sink_size 1: each optimizer step accumulates micro-batches, several launches from Python"
+    if several_slots:
+        return "sink_size 1: this rank owns several batch slots, whose BatchNorm statistics the host swaps"
     how = "each one sunk call (GPU)" if sunk else "one host call per step (no data sink on this device)"
     return f"sink_size {k}: chunks of up to {k} steps, {how}"

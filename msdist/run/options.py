@@ -165,8 +165,8 @@ def step_plan(cfg, device_target: str, slots: int) -> StepPlan:
 def sink_size(cfg, device_target: str, slots: int, world_size: int) -> int:
     """K, the optimizer steps per host call (`--sink_size`, `chunks.resolve_size`): the same on every rank, whose
     chunk ends are the job's collectives (the stop check)."""
-    accumulates = cfg.grad_accum_steps > 1 or slots != world_size
-    return chunks.resolve_size(cfg.sink_size, device_target, accumulates, cfg.log_every, cfg.save_every_steps)
+    return chunks.resolve_size(cfg.sink_size, device_target, slots != world_size, cfg.log_every,
+                               cfg.save_every_steps)
 
 
 def _fusion(text: str) -> Optional[Tuple[int, ...]]:

@@ -99,7 +99,7 @@ class Trainer:
         self.sunk_step = sink.sunk_step(model.train_step, model.ema, dist.device_target, self.schedule.sink_size,
                                         run.step.jit_level)
         _logger.info("%s", chunks.describe(self.schedule.sink_size, self.sunk_step is not None,
-                                           model.train_step.accumulates))
+                                           model.train_step.slot_stats.several))
         # What the stall watch scales a save's and an evaluation's allowance from.
         self._state_bytes = sum(p.nbytes for p in model.net.get_parameters()) + \
             sum(p.nbytes for p in state_parameters(model))

@@ -6,14 +6,14 @@ import pytest
 from msdist.engine import ema, loss_scale, optim, precision, sink, step
 
 
-def _step_and_ema():
+def _step_and_ema(accum_steps=1):
     import mindspore as ms
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     ms.set_seed(3)
     net = step.build_network("convnet_tiny", 4, False, False, 1)
     optimizer = optim.create_optimizer(net.trainable_params(), np.full(8, 0.05, np.float32), 0.9, 1e-4)
     scaler = loss_scale.LossScaler(precision.loss_scale_plan("dynamic", "O0", "float16", "none"), 1)
-    train = step.TrainStep(net, step.create_loss(False), optimizer, scaler)
+    train = step.TrainStep(net, step.create_loss(False), optimizer, scaler, accum_steps=accum_steps)
     return train, ema.create(net, 0.9), net
 
 
@@ -30,14 +30,17 @@ def _state(train, average):
 
 
 @pytest.mark.slow  # compiles and trains two networks
-def test_one_cell_gives_the_weights_ema_and_losses_of_the_two_calls():
-    train, average, _ = _step_and_ema()
+@pytest.mark.parametrize("accum_steps", [1, 2])
+def test_one_cell_gives_the_weights_ema_and_losses_of_the_host_calls(accum_steps):
+    """With accumulation the host makes 4 launches a step (split, 2 micro-batches, apply) and the EMA a fifth; the
+    sunk Cell makes them one graph."""
+    train, average, _ = _step_and_ema(accum_steps)
     for images, labels in _batches():
         train.train_on(images, labels)
         average()
     want = _state(train, average)
 
-    train, average, _ = _step_and_ema()
+    train, average, _ = _step_and_ema(accum_steps)
     sunk = sink.SunkStep(train, average)
     for images, labels in _batches():
         sunk(images, labels)

@@ -75,7 +75,7 @@ def test_resolve_size_per_device():
     assert chunks.resolve_size("auto", "CPU", False, 10, 0) == 1       # no data sink on CPU
     assert chunks.resolve_size("auto", "GPU", False, 20, 0) == 20
     assert chunks.resolve_size(8, "CPU", False, 10, 0) == 8
-    assert chunks.resolve_size(8, "GPU", True, 10, 0) == 1            # accumulation: several launches a step
+    assert chunks.resolve_size(8, "GPU", True, 10, 0) == 1            # several slots: BatchNorm swapped from the host
 
 
 def test_parse_and_check_size():
@@ -91,4 +91,4 @@ def test_parse_and_check_size():
 def test_describe_says_how_a_chunk_runs():
     assert chunks.describe(10, True, False) == "sink_size 10: chunks of up to 10 steps, each one sunk call (GPU)"
     assert "one host call per step" in chunks.describe(8, False, False)
-    assert "accumulates" in chunks.describe(1, False, True)
+    assert "several batch slots" in chunks.describe(1, False, True)

@@ -139,6 +139,14 @@ def test_the_plan_holds_what_training_reads_resolved(tmp_path):
     assert run.resume == run_plan.ResumeRule("auto", True)
     assert run.preempt_signal.name == "SIGUSR2" and run.output.logs == str(tmp_path / "logs")
     assert dict(run.settings)["batch_size"] == 32
+    assert run.schedule.sink_size == 1   # a rank owning 2 slots: BatchNorm statistics swapped from the host
+
+
+def test_accumulation_alone_is_sunk_on_gpu_and_several_slots_are_not(tmp_path):
+    cfg = config.parse(["--output_dir", str(tmp_path), "--batch_size", "32", "--grad_accum_steps", "2"])
+    assert plan_on(cfg, 2, "GPU").schedule.sink_size == 10      # `auto`: the largest K dividing --log_every 10
+    assert plan_on(cfg, 2, "CPU").schedule.sink_size == 1       # no data sink on CPU
+    assert plan_on(cfg, 2, "GPU", {launch_env.BATCH_SLOTS_VAR: "4"}).schedule.sink_size == 1
 
 
 def test_the_settings_write_the_config_yaml_the_options_read_back(tmp_path):
