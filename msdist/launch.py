@@ -18,7 +18,7 @@ from msdist.base.cli import cli_main
 from msdist.base.errors import ConfigError
 from msdist.cluster import preemption
 from msdist.cluster.stall import StallPolicy
-from msdist.launcher import elastic, peers
+from msdist.launcher import elastic, peers, restarts
 from msdist.launcher.membership import parse_nnodes
 from msdist.launcher.supervisor import Plan, run, worker_env
 from msdist.run import config, startup
@@ -135,7 +135,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     startup.run_checks(command.train, plan.world_size, startup.PATH_CHECKS)
     if plan.max_nodes > plan.nnodes:
         return run(plan, functools.partial(elastic.supervise, limits=command.limits))
-    return run(plan)
+    return run(plan, restarts.supervise)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ class NodeZeroEnded(Exception):
 
     def __init__(self, code: int):
         self.code = code
-        super().__init__(f"node 0's launcher finished the job (exit 0) while this node restarted: nothing is left "
+        super().__init__("node 0's launcher finished the job (exit 0) while this node restarted: nothing is left "
                          "to run" if code == 0 else
                          f"node 0's launcher ended with exit {code} while this node restarted: see its output")
 

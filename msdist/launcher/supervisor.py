@@ -6,7 +6,8 @@ running `python -m msdist.train`. MindSpore-free; msdist/launch.py parses and ch
 * any worker that exits non-zero, dies by a signal, or stops beating (see msdist.cluster.heartbeat)
   fails the attempt: every other process is stopped within seconds, and one line names the rank, how it
   failed and the last epoch/step it reported, followed by the tail of its traceback;
-* with `--max_restarts K` it then restarts all ranks with `--resume auto`, up to K times;
+* with `--max_restarts K` it then restarts all ranks with `--resume auto`, up to K times
+  (msdist.launcher.restarts);
 * SIGTERM and the preemption signal (--preempt_signal) are passed on to every rank, which saves at one
   agreed step and exits with preemption.REQUEUE_EXIT; once every rank did, the launcher exits with that
   status and does not restart (msdist.cluster.preemption). A signal between attempts ends the job with
@@ -39,7 +40,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
-from msdist.base.errors import ConfigError
 from msdist.base.files import rank_log_path
 from msdist.cluster import heartbeat, preemption, registration, rendezvous
 from msdist.cluster.stall import StallPolicy
@@ -195,7 +195,7 @@ def _check_worker(w: _Worker, plan: Plan) -> Optional[Failure]:
 
 # ---------------------------------------------------------------- one attempt
 
-class _Stop(Exception):
+class Stopped(Exception):
     """SIGTERM or SIGINT reached the launcher."""
 
     def __init__(self, signum: int):
@@ -335,70 +335,16 @@ def report_failure(failure: Failure, stopped_in_s: float, log_dir: str) -> None:
         print(f"  rank {failure.rank} | {line}", file=sys.stderr, flush=True)
 
 
-def supervise(plan: Plan, forwarder: Forwarder) -> int:
-    """Run attempts until one succeeds, the restart budget is spent or the job is preempted; the exit status.
-    Node 0 of several leaves its outcome where restarting nodes look for its next scheduler."""
-    code = 1
-    try:
-        code = _attempts(plan, forwarder)
-        return code
-    except scheduler_generation.NodeZeroEnded as ended:
-        say(str(ended))
-        return 0 if ended.code == 0 else 1
-    except _Stop as stop:
-        code = 128 + stop.signum
-        raise
-    finally:
-        if plan.node_rank == 0 and plan.nnodes > 1:
-            scheduler_generation.mark_ended(plan.log_dir, code)
-
-
-def _attempts(plan: Plan, forwarder: Forwarder) -> int:
-    os.makedirs(plan.log_dir, exist_ok=True)
-    if plan.node_rank == 0 and plan.master_port and rendezvous.port_in_use(plan.master_addr, plan.master_port):
-        raise ConfigError(f"--master_port {plan.master_port} is already in use on {plan.master_addr}; "
-                          "choose another port or omit --master_port to pick a free one")
-    train_args = plan.train_args
-    joined = {}
-    for attempt in range(plan.max_restarts + 1):
-        if attempt:
-            train_args = plan.train_args + ["--resume", "auto"]
-            say(f"restart {attempt} of {plan.max_restarts}: starting the ranks again with --resume auto")
-        began = time.monotonic()
-        failure = run_attempt(plan, train_args, attempt, joined, forwarder)
-        if failure is None:
-            say(f"all ranks finished in {time.monotonic() - began:.0f} s")
-            return 0
-        if failure.requeue:
-            say(failure.summary())
-            return preemption.REQUEUE_EXIT
-        report_failure(failure, time.monotonic() - failure.seen_at, plan.log_dir)
-        if failure.user_error:
-            # Running again cannot fix it, and --resume auto could even hide it (e.g. an output_dir
-            # that holds another run's checkpoints).
-            say("not restarting: fix the error above first")
-            return 1
-        if forwarder.requested_at is not None:  # a restart would resume where a requeue does
-            say(f"not restarting: the job is being preempted; it continues from the newest complete checkpoint "
-                f"(exit {preemption.REQUEUE_EXIT})")
-            return preemption.REQUEUE_EXIT
-    spent = f" after {plan.max_restarts} restart(s)" if plan.max_restarts else ""
-    # MindSpore ends ranks whose peer on another node vanished (~30 s), so the cause may be elsewhere.
-    elsewhere = "; with several nodes the first failure may be on another node: see its launcher" \
-        if plan.nnodes > 1 else ""
-    say(f"FAILED{spent}: {failure.summary()}{elsewhere}")
-    return 1
-
-
 def _raise_stop(signum, _frame=None):
     # Ignore repeats so a second Ctrl-C cannot interrupt the cleanup of the first.
     for sig in {signal.SIGTERM, signal.SIGINT, signum}:
         signal.signal(sig, signal.SIG_IGN)
-    raise _Stop(signum)
+    raise Stopped(signum)
 
 
-def run(plan: Plan, supervisor: Callable[[Plan, Forwarder], int] = supervise) -> int:
-    """Supervise the job `plan` describes until it ends (with `supervisor`: elastic.supervise for --nnodes MIN:MAX);
+def run(plan: Plan, supervisor: Callable[[Plan, Forwarder], int]) -> int:
+    """Supervise the job `plan` describes until it ends, with `supervisor` (restarts.supervise, or elastic.supervise
+    for --nnodes MIN:MAX);
     SIGTERM and the preemption signal are passed on to the ranks (repeats are the same request), Ctrl-C stops
     every process it started."""
     # MindSpore's cluster accepts only literal IPs: a host name is resolved here, once, for every rank.
@@ -412,6 +358,6 @@ def run(plan: Plan, supervisor: Callable[[Plan, Forwarder], int] = supervise) ->
     forwarder.install()
     try:
         return supervisor(plan, forwarder)
-    except _Stop as stop:  # run_attempt's cleanup has already stopped everything
+    except Stopped as stop:  # run_attempt's cleanup has already stopped everything
         say(f"stopped by {stop}; all processes it started are gone")
         return 128 + stop.signum

@@ -1,4 +1,4 @@
-"""The scheduler's generation token (launcher/scheduler_generation.py): a restarting node waits for node 0's next
+"""The scheduler's generation token (launcher/scheduler_generation.py, launcher/restarts.py): a restarting node waits for node 0's next
 scheduler, and ends at once when node 0's launcher has ended instead."""
 import os
 import threading
@@ -8,7 +8,7 @@ import pytest
 
 from msdist import launch
 from msdist.cluster.rendezvous import free_port
-from msdist.launcher import scheduler_generation, supervisor
+from msdist.launcher import restarts, scheduler_generation, supervisor
 from conftest import REAL_DATA as DATA_DIR
 
 
@@ -47,7 +47,7 @@ def test_a_node_restarting_after_node_0_finished_the_job_exits_0_at_once(tmp_pat
     os.makedirs(plan.log_dir)
     scheduler_generation.mark_ended(plan.log_dir, 0)
     began = time.monotonic()
-    assert supervisor.supervise(plan, supervisor.Forwarder(plan.preempt_signal)) == 0
+    assert restarts.supervise(plan, supervisor.Forwarder(plan.preempt_signal)) == 0
     assert time.monotonic() - began < 30
     err = capsys.readouterr().err
     assert "restart 1 of 1" in err and "node 0's launcher finished the job (exit 0)" in err
