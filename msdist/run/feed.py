@@ -9,8 +9,9 @@ Both devices feed the step through MindSpore's public `DatasetHelper` (mindspore
   `connect_network_with_dataset`: the batches go to a device queue, and one call runs K steps in C++.
 
 One sunk dataset, helper and network per run, not per epoch: MindSpore caches the `_DataWrapper`, so the compiled
-sunk graph, on the dataset object (connect_network_with_dataset, dataset_helper.py:303-311, `__sink_network__`), so
-a new dataset is a new graph build, minutes for ResNet-50 on GPU. The run's dataset (`pipeline.build_span_dataset`)
+sunk graph, on the dataset object (connect_network_with_dataset, dataset_helper.py:303-311, `__sink_network__`), and
+a graph's compile key holds its Cell's create_time and id (mindspore/graph/api.py:144-146, 2326-2340), so a new
+dataset is a new graph build, minutes for ResNet-50 on GPU. The run's dataset (`pipeline.build_span_dataset`)
 holds the batches of every K-long chunk of the run, across its epochs, in order (`chunks.sunk_spans`), read in one
 pass: `_DatasetIter` sends it once (`_send_data(dataset, epoch_num=1)`, dataset_helper.py:40-45, 570-588) without
 an end-of-epoch marker (`send_epoch_end` is False for sink_size > 0, mindspore/train/_utils.py:82), so no

@@ -65,13 +65,15 @@ def _segment_sunk_batches(split, spec, at, steps_per_epoch, epochs, k, limits):
 
 
 SPAN_CASES = {
-    # name: (global batch (12 steps an epoch at 16), K, Limits, resumed at global step, epochs, slots, rank, options)
-    "epoch_tails": (16, 5, Limits(), 0, 3, 1, 0, {}),
-    "log_and_save_edges_mid_epoch_resume": (16, 4, Limits(log_every=6, save_every_steps=10), 7, 3, 2, 1,
+    # name: (global batch (12 steps an epoch at 16), K, Limits, resumed at global step, epochs, slots, rank, augment,
+    #        options); uint8 batches wherever no option computes in float (`TrainInput.pixels_out`)
+    "epoch_tails": (16, 5, Limits(), 0, 3, 1, 0, True, {}),
+    "log_and_save_edges_mid_epoch_resume": (16, 4, Limits(log_every=6, save_every_steps=10), 7, 3, 2, 1, True,
                                             dict(color_jitter=0.4, mixup=0.4, label_smoothing=0.1)),
-    "max_steps_resized_crop_cutmix": (16, 3, Limits(log_every=4, max_steps=29), 14, 4, 2, 0,
+    "max_steps_resized_crop_cutmix": (16, 3, Limits(log_every=4, max_steps=29), 14, 4, 2, 0, True,
                                       dict(train_crop="random_resized", cutmix=1.0)),
-    "short_epochs": (32, 2, Limits(log_every=5), 3, 3, 1, 0, {}),
+    "short_epochs": (32, 2, Limits(log_every=5), 3, 3, 1, 0, True, {}),
+    "no_augmentation_the_cpp_chain": (16, 4, Limits(log_every=6), 2, 2, 1, 0, False, {}),
 }
 
 
@@ -80,11 +82,12 @@ def test_the_run_spanning_sunk_dataset_holds_the_per_segment_datasets_batches_bi
     """On GPU the run's sunk chunks take their batches from one dataset (one sunk graph per run); CPU has no data
     sink, so the dataset is iterated on the host: every batch, images and labels, is bit for bit the batch the sunk
     chunks' per-segment datasets gave, in order, across epochs, from a mid-epoch resume, with augmentation on."""
-    global_batch, k, limits, at, epochs, slots, rank, options = SPAN_CASES[case]
+    global_batch, k, limits, at, epochs, slots, rank, augment, options = SPAN_CASES[case]
     split = pipeline.list_split(data_dir, "Training", pipeline.class_map(data_dir))
     reg = Regularization(num_classes=len(split.classes), **options)
-    spec = pipeline.TrainInput(image_size=24, global_batch=global_batch, seed=3, shuffle=True, augment=True,
-                               padding=2, workers=2, layout=plan.BatchLayout(slots, slots, rank), regularization=reg)
+    spec = pipeline.TrainInput(image_size=24, global_batch=global_batch, seed=3, shuffle=True, augment=augment,
+                               padding=2, workers=2, layout=plan.BatchLayout(slots, slots, rank), regularization=reg,
+                               device_normalizes=True)
     steps_per_epoch = plan.steps_per_epoch(len(split), global_batch)
     want = _segment_sunk_batches(split, spec, at, steps_per_epoch, epochs, k, limits)
     run = chunks.run_chunks(at, steps_per_epoch, epochs, k, limits)
