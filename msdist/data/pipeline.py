@@ -6,7 +6,8 @@ Three separate things:
   for Test/, so a class missing from Test cannot shift labels;
 * the index plan (`msdist.data.plan`, pure Python): which sample each rank reads at each step and
   with which augmentation parameters;
-* the chain (`build_train_dataset`, `build_eval_dataset`): MindSpore's `ImageFolderDataset` reads and
+* the chain (`build_train_dataset`, `build_span_dataset` for steps of several epochs in one pass,
+  `build_eval_dataset`): MindSpore's `ImageFolderDataset` reads and
   decodes in C++ worker threads, in exactly the plan's order (a `SubsetSampler` over the reader's own
   file positions), and C++ ops resize (and, for evaluation and unaugmented training, normalize). The
   per-sample crop/flip, which no C++ op can take as per-row parameters, and normalizing are one NumPy
