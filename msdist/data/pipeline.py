@@ -6,7 +6,8 @@ Three separate things:
   for Test/, so a class missing from Test cannot shift labels;
 * the index plan (`msdist.data.plan`, pure Python): which sample each rank reads at each step and
   with which augmentation parameters;
-* the chain (`build_train_dataset`, `build_eval_dataset`): MindSpore's `ImageFolderDataset` reads and
+* the chain (`build_train_dataset`, `build_span_dataset` for steps of several epochs in one pass,
+  `build_eval_dataset`): MindSpore's `ImageFolderDataset` reads and
   decodes in C++ worker threads, in exactly the plan's order (a `SubsetSampler` over the reader's own
   file positions), and C++ ops resize (and, for evaluation and unaugmented training, normalize). The
   per-sample crop/flip, which no C++ op can take as per-row parameters, and normalizing are one NumPy
@@ -196,26 +197,28 @@ class _BatchTransform:
     order: this rank's samples of the step, followed by their mixing partners when mixing is on. Out
     come normalized NCHW float32 images. Mixing blends normalized images, except with a pixel-space
     option (color jitter, random resized crop), where it blends pixels and normalizing comes last:
-    the orders every earlier run used, kept because they round differently.
+    the orders every earlier run used, kept because they round differently. Batch k is step `at[k]` =
+    (epoch, step of the epoch), whose epoch seeds every per-sample choice and whose step the batch's mixing.
     """
 
-    def __init__(self, rows: np.ndarray, labels: np.ndarray, mixes, *, seed: int, epoch: int, augment: bool,
-                 padding: int, image_size: int, reg: Regularization, pixels_out: bool = False):
-        self.rows, self.labels, self.mixes = rows, labels, mixes
-        self.seed, self.epoch, self.augment, self.padding = seed, epoch, augment, padding
+    def __init__(self, rows: np.ndarray, at: np.ndarray, labels: np.ndarray, *, seed: int, global_batch: int,
+                 augment: bool, padding: int, image_size: int, reg: Regularization, pixels_out: bool = False):
+        self.rows, self.at, self.labels = rows, at, labels
+        self.seed, self.global_batch, self.augment, self.padding = seed, global_batch, augment, padding
         self.image_size, self.reg, self.pixels_out = image_size, reg, pixels_out
         self.mixes_pixels = reg.mixing and (reg.train_crop == "random_resized" or reg.color_jitter > 0)
 
     def __call__(self, images, labels, info):
-        step = info.get_batch_num()
-        ids = self.rows[step]
+        batch = info.get_batch_num()
+        ids = self.rows[batch]
+        epoch, step = (int(v) for v in self.at[batch])
         labels = np.asarray(labels).reshape(-1)
-        if not np.array_equal(labels, self.labels[step]):
+        if not np.array_equal(labels, self.labels[ids]):
             # The reader's file order disagrees with msdist's listing: never train on wrong labels.
             raise DataError("MindSpore's ImageFolder reader listed the files in another order than msdist")
-        x = self._geometry(images, ids)
+        x = self._geometry(images, ids, epoch)
         if self.reg.color_jitter > 0:
-            x = color_jitter(x, plan.jitter_factors(self.seed, self.epoch, ids, self.reg.color_jitter))
+            x = color_jitter(x, plan.jitter_factors(self.seed, epoch, ids, self.reg.color_jitter))
         if not (self.mixes_pixels or self.pixels_out):   # pixels_out: the train step normalizes
             x = normalize(x, MEAN, STD)
         if not self.reg.soft_labels:
@@ -224,22 +227,22 @@ class _BatchTransform:
         if not self.reg.mixing:
             return x, targets
         own = len(ids) // 2
-        mix = self.mixes[step]
+        mix = plan.mix_for_step(self.seed, epoch, step, self.global_batch, self.reg.mixup, self.reg.cutmix)
         x, targets = mix_batch(x[:own].astype(np.float32), x[own:].astype(np.float32), targets[:own],
                                targets[own:], mix.lam, mix.box)
         return (normalize(x, MEAN, STD) if self.mixes_pixels else x), targets
 
-    def _geometry(self, images, ids: np.ndarray) -> np.ndarray:
+    def _geometry(self, images, ids: np.ndarray, epoch: int) -> np.ndarray:
         """Crop and flip per sample: NCHW at the training size."""
-        params = plan.augment_params(self.seed, self.epoch, ids, self.padding)
+        params = plan.augment_params(self.seed, epoch, ids, self.padding)
         if self.reg.train_crop == "random_resized":
-            x = np.stack([self._resized_crop(image, int(i)) for image, i in zip(images, ids)])
+            x = np.stack([self._resized_crop(image, epoch, int(i)) for image, i in zip(images, ids)])
             return flip_batch(x, params[:, 2]) if self.augment else x
         return pad_crop_flip_batch(images, params, self.padding) if self.augment else to_nchw(images)
 
-    def _resized_crop(self, image: np.ndarray, index: int) -> np.ndarray:
+    def _resized_crop(self, image: np.ndarray, epoch: int, index: int) -> np.ndarray:
         from mindspore.dataset import vision
-        top, left, h, w = resized_crop_box(*image.shape[:2], plan.resized_crop_uniforms(self.seed, self.epoch, index),
+        top, left, h, w = resized_crop_box(*image.shape[:2], plan.resized_crop_uniforms(self.seed, epoch, index),
                                            self.reg.crop_scale, self.reg.crop_ratio)
         crop = np.ascontiguousarray(image[top:top + h, left:left + w])
         return vision.Resize((self.image_size, self.image_size))(crop).transpose(2, 0, 1)
@@ -301,35 +304,41 @@ def build_train_dataset(split: Split, spec: TrainInput, epoch: int, skip_steps: 
 
     `skip_steps` drops the epoch's first batches, for an exact resume in the middle of an epoch.
     """
+    steps = plan.steps_per_epoch(len(split), spec.global_batch)
+    return build_span_dataset(split, spec, [(epoch, skip_steps, steps - skip_steps)])
+
+
+def build_span_dataset(split: Split, spec: TrainInput, spans: Sequence[plan.Span]) -> Batches:
+    """The batches of `spans` (each (epoch, first step of the epoch, steps)), one after the other, as one dataset
+    read in one pass: batch for batch, those the spans' epochs' datasets (`build_train_dataset`) give at those steps.
+
+    A run's sunk steps on GPU are one such dataset across its epochs (run/feed.py), so one graph serves them all.
+    Exact because every choice is a function of (seed, epoch, sample) or (seed, epoch, step) (`plan`): the reader
+    reads the spans' samples in order, and the batch map looks each batch's (epoch, step) up by its number.
+    """
     from mindspore.dataset import vision
 
     reg, augment, image_size = spec.regularization, spec.augment, spec.image_size
     workers = usable_workers(spec.workers)
-    slots, owned = spec.layout.slots, spec.layout.owned
-    steps = plan.rank_steps(len(split), spec.global_batch, epoch, spec.seed, spec.shuffle, slots, owned, skip_steps)
-    mixes = None
-    if reg.mixing:
-        partners, mixes = plan.rank_partners(len(split), spec.global_batch, epoch, spec.seed, spec.shuffle,
-                                             slots, owned, skip_steps, reg.mixup, reg.cutmix)
-        steps = np.concatenate([steps, partners], axis=1)   # the partners are read right after the step's own
-    files = [split.files[i] for i in steps.reshape(-1)]
+    steps, at = plan.span_samples(len(split), spec.global_batch, spec.seed, spec.shuffle, spec.layout, spans,
+                                  reg.mixup, reg.cutmix)
     data = reader(split, steps.reshape(-1), workers)
     if not (augment or reg.color_jitter > 0 or reg.soft_labels):
         # Nothing per sample: the evaluation chain (a native ImageFolderDataset loop's, too), all C++.
         data = data.map(resize_normalize(image_size, normalize=not spec.pixels_out), input_columns="image",
                         num_parallel_workers=workers)
-        return Batches(data.batch(spec.batch_size, drop_remainder=True), files)
+        return Batches(data.batch(spec.batch_size, drop_remainder=True), split.files)
     if not (augment and reg.train_crop == "random_resized"):
         reg = replace(reg, train_crop="resize")
         data = data.map(vision.Resize((image_size, image_size)), input_columns="image", num_parallel_workers=workers)
-    transform = _BatchTransform(steps, np.asarray(split.labels)[steps], mixes, seed=spec.seed, epoch=epoch,
+    transform = _BatchTransform(steps, at, np.asarray(split.labels), seed=spec.seed, global_batch=spec.global_batch,
                                 augment=augment, padding=spec.padding, image_size=image_size, reg=reg,
                                 pixels_out=spec.pixels_out)
     # One Python call per batch, in as many threads as there are workers: NumPy's copies and arithmetic
     # release the GIL, so batches are cropped side by side while the C++ workers decode the next ones.
     data = data.batch(steps.shape[1], drop_remainder=True, per_batch_map=transform,
                       input_columns=["image", "label"], num_parallel_workers=workers)
-    return Batches(data, files)
+    return Batches(data, split.files)
 
 
 def build_eval_dataset(split: Split, *, batch_size: int, image_size: int, world_size: int, rank: int,

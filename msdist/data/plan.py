@@ -225,3 +225,29 @@ def rank_partners(num_samples: int, global_batch: int, epoch: int, seed: int, sh
         partners.append(np.concatenate([order[step][mix.partner[s::slots]] for s in owned]))
         mixes.append(mix)
     return np.array(partners, dtype=np.int64).reshape(-1, len(owned) * (global_batch // slots)), mixes
+
+
+# A run of consecutive steps of one epoch: (epoch, its first step in the epoch, steps).
+Span = Tuple[int, int, int]
+
+
+def span_samples(num_samples: int, global_batch: int, seed: int, shuffle: bool, layout: BatchLayout,
+                 spans: Sequence[Span], mixup: float = 0.0, cutmix: float = 0.0) -> Tuple[np.ndarray, np.ndarray]:
+    """What this rank reads for `spans`, one after the other: (steps, images per step) samples as `rank_steps` lays
+    them out (each step's mixing partners after its own samples when mixup or cutmix is on), and (steps, 2) rows
+    of (epoch, step of the epoch), the step each batch is.
+
+    Each epoch's plan is computed once, for its consecutive spans (a run's spans come in order).
+    """
+    rows, at, epoch, plan_of_epoch = [], [], None, None
+    for span_epoch, first, steps in spans:
+        if span_epoch != epoch:
+            epoch = span_epoch
+            plan_of_epoch = rank_steps(num_samples, global_batch, epoch, seed, shuffle, layout.slots, layout.owned)
+            if mixup > 0 or cutmix > 0:
+                partners, _ = rank_partners(num_samples, global_batch, epoch, seed, shuffle, layout.slots,
+                                            layout.owned, 0, mixup, cutmix)
+                plan_of_epoch = np.concatenate([plan_of_epoch, partners], axis=1)
+        rows.append(plan_of_epoch[first:first + steps])
+        at.append(np.stack([np.full(steps, epoch), np.arange(first, first + steps)], axis=1))
+    return np.concatenate(rows), np.concatenate(at).astype(np.int64)

@@ -14,7 +14,7 @@ same chunks from the same values.
 """
 from dataclasses import dataclass
 from math import gcd
-from typing import Iterator, List, Tuple, Union
+from typing import Iterable, Iterator, List, Tuple, Union
 
 from msdist.base.errors import ConfigError
 
@@ -34,6 +34,9 @@ class Limits:
     save_every_steps: int = 0
     max_steps: int = 0
     ends: Tuple[int, ...] = ()
+
+
+Chunk = Tuple[int, int, int]   # (epoch, its first step in the epoch, steps): a chunk, or a span of chunks
 
 
 def next_length(global_step: int, step: int, steps_per_epoch: int, k: int, limits: Limits) -> int:
@@ -70,10 +73,10 @@ def epoch_lengths(global_step: int, step: int, steps_per_epoch: int, k: int, lim
 def segments(lengths: List[int], k: int, sinks: bool) -> List[Tuple[bool, List[int]]]:
     """An epoch's chunks grouped by how they run: (sunk, their lengths), in order.
 
-    Where a data sink exists (`sinks`, GPU with K > 1), consecutive K-long chunks form one sunk segment (one dataset
-    in the device's queue, one call per chunk) and the others host-fed ones: a sunk graph's step count is fixed when
-    it is built (run/feed.py), so a tail shorter than K cannot be a sunk call of the same graph. Elsewhere the epoch
-    is one host-fed segment.
+    Where a data sink exists (`sinks`, GPU with K > 1), consecutive K-long chunks form one sunk segment (one call per
+    chunk, the batches from the run's sunk dataset: `sunk_spans`) and the others host-fed ones: a sunk graph's step
+    count is fixed when it is built (run/feed.py), so a tail shorter than K cannot be a sunk call of the same graph.
+    Elsewhere the epoch is one host-fed segment.
     """
     if not sinks:
         return [(False, list(lengths))] if lengths else []
@@ -85,6 +88,32 @@ def segments(lengths: List[int], k: int, sinks: bool) -> List[Tuple[bool, List[i
         else:
             grouped.append((sunk, [length]))
     return grouped
+
+
+def run_chunks(global_step: int, steps_per_epoch: int, epochs: int, k: int, limits: Limits) -> Iterator[Chunk]:
+    """Every chunk from `global_step` to the run's end (`epochs` epochs or `max_steps`), in order, each as (epoch,
+    its first step of the epoch, length): the epochs' `epoch_lengths` one after the other, as the loop runs them."""
+    while global_step < epochs * steps_per_epoch:
+        epoch, step = divmod(global_step, steps_per_epoch)
+        for length in epoch_lengths(global_step, step, steps_per_epoch, k, limits):
+            yield epoch, step, length
+            global_step, step = global_step + length, step + length
+        if step < steps_per_epoch:   # max_steps
+            return
+
+
+def sunk_spans(run: Iterable[Chunk], k: int) -> List[Chunk]:
+    """The run's sunk steps (its K-long chunks, `segments`) as spans (epoch, first step, steps) of consecutive steps
+    of one epoch, in order: what the run's one sunk dataset holds (`pipeline.build_span_dataset`, run/feed.py)."""
+    spans: List[Chunk] = []
+    for epoch, step, length in run:
+        if length != k:
+            continue
+        if spans and spans[-1][0] == epoch and sum(spans[-1][1:]) == step:
+            spans[-1] = (epoch, spans[-1][1], spans[-1][2] + k)
+        else:
+            spans.append((epoch, step, k))
+    return spans
 
 
 def auto_size(log_every: int, save_every_steps: int, cap: int) -> int:

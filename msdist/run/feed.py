@@ -1,27 +1,37 @@
 """The step primitive under the chunk scheduler (run/chunks.py): how a chunk of optimizer steps reaches the device.
 
-One MindData dataset per epoch (`pipeline.build_train_dataset`) feeds both devices through MindSpore's public
-`DatasetHelper` (mindspore/train/dataset_helper.py:322):
-* `HostFeed`, everywhere: `DatasetHelper(dataset, dataset_sink_mode=False)`, the batches iterated on the host and
-  one compiled step call per batch, the next batch fetched while the step runs (data/prefetch.py). CPU has no data
-  sink, so this is CPU's only path; on GPU it runs the chunks shorter than K.
+Both devices feed the step through MindSpore's public `DatasetHelper` (mindspore/train/dataset_helper.py:322):
+* `HostFeed`, everywhere: `DatasetHelper(dataset, dataset_sink_mode=False)` over one segment's dataset (on CPU the
+  epoch's, `pipeline.build_train_dataset`), the batches iterated on the host and one compiled step call per batch,
+  the next batch fetched while the step runs (data/prefetch.py). CPU has no data sink, so this is CPU's only path;
+  on GPU it runs the chunks shorter than K.
 * `SunkFeed`, GPU only: `DatasetHelper(dataset, dataset_sink_mode=True, sink_size=K)` and
   `connect_network_with_dataset`: the batches go to a device queue, and one call runs K steps in C++.
+
+One sunk dataset, helper and network per run, not per epoch: MindSpore caches the `_DataWrapper`, so the compiled
+sunk graph, on the dataset object (connect_network_with_dataset, dataset_helper.py:303-311, `__sink_network__`), and
+a graph's compile key holds its Cell's create_time and id (mindspore/graph/api.py:144-146, 2326-2340), so a new
+dataset is a new graph build, minutes for ResNet-50 on GPU. The run's dataset (`pipeline.build_span_dataset`)
+holds the batches of every K-long chunk of the run, across its epochs, in order (`chunks.sunk_spans`), read in one
+pass: `_DatasetIter` sends it once (`_send_data(dataset, epoch_num=1)`, dataset_helper.py:40-45, 570-588) without
+an end-of-epoch marker (`send_epoch_end` is False for sink_size > 0, mindspore/train/_utils.py:82), so no
+`continue_send` is due between epochs, and each call takes the next K batches.
 
 MindSpore fixes a sunk graph's step count when it builds the graph: `_exec_datagraph` hands `sink_size` to
 `init_dataset` (mindspore/train/_utils.py:75-104), which sets the iteration count the graph scheduler's loop-count
 actor is built with (ccsrc/runtime/graph_scheduler/graph_scheduler.cc, GetLoopCount reads
-ConfigManager::iter_num()). So every call of one sunk network runs exactly K steps: the K-long chunks of an epoch are
-sunk, and the shorter ones around them (`chunks.segments`) run from the host, which gives the same batches and
-weights. Each segment has its own dataset, built from the segment's first step (`pipeline.build_train_dataset`'s
-`skip_steps`, exact as a mid-epoch resume is).
+ConfigManager::iter_num()); it does so only for a dataset not yet sent (`__transfer_dataset__`, dataset_helper.py:
+570-594), so a later helper with another sink_size would not change it. So every call runs exactly K steps, and the
+shorter chunks (`chunks.segments`) run from the host, each segment from its own dataset, which gives the same batches
+and weights.
 """
 import re
 import time
-from typing import Optional
+from typing import Iterable, Optional
 
 from msdist.base.errors import DataError
 from msdist.data import pipeline, prefetch
+from msdist.run import chunks
 
 
 class HostFeed:
@@ -46,10 +56,12 @@ class HostFeed:
 
 
 class SunkFeed:
-    """GPU only: a segment's batches in the device's data queue; `run_chunk` runs K steps of `step_cell` in one call.
+    """GPU only: the run's sunk batches in the device's data queue; `run_chunk` runs the next K steps of `step_cell`
+    in one call.
 
     Args:
-        batches: the segment's MindData dataset, a whole number of K-step chunks long.
+        batches: the run's sunk dataset (`pipeline.build_span_dataset` over `chunks.sunk_spans`): a whole number of
+            K-step chunks, every one the run will sink, in order.
         step_cell: one optimizer step as one Cell (`sink.SunkStep`), called with (images, labels).
         k: steps per call.
     """
@@ -59,7 +71,7 @@ class SunkFeed:
     def __init__(self, batches: pipeline.Batches, step_cell, k: int):
         from mindspore import DatasetHelper, connect_network_with_dataset
         # dataset_helper.py:372-386: in GRAPH_MODE on GPU, sink mode is `_DatasetIterMSLoopSink`, which sends the
-        # dataset to a device queue (`_exec_datagraph(dataset, sink_size)`, then `_send_data`, lines 580-588);
+        # dataset to a device queue (`_exec_datagraph(dataset, sink_size)`, then `_send_data`, lines 570-588);
         # connect_network_with_dataset (lines 216-319) wraps `step_cell` in `_DataWrapper`, whose graph takes its
         # inputs from the queue with GetNext (lines 87-121). Model.train(dataset_sink_mode=True) calls the wrapped
         # network once per sink (mindspore/train/model.py:1145-1166); this does the same per chunk.
@@ -85,18 +97,26 @@ class SunkFeed:
             raise error from None
 
     def close(self) -> None:
-        # Model.train ends its sinking the same way (model.py:1182-1183).
+        """At the run's end, or its early stop (--max_steps is in the spans; an agreed stop, a preemption, an
+        error leave batches unsent): stop the send thread and free the queue, as Model.train ends its sinking
+        (model.py:1189-1190)."""
         self._helper.stop_send()
         self._helper.release()
 
 
-def open_feed(batches: pipeline.Batches, steps: int, sunk_step, sink_size: int):
-    """A segment's feed (`chunks.segments`): its first `steps` batches of `batches`, sunk when there is a
-    `sunk_step` (`sink.sunk_step`, GPU, K > 1), else from the host."""
-    if sunk_step is None:
-        return HostFeed(batches)
-    # Exactly the segment's batches in the queue: its chunks consume them all.
-    return SunkFeed(pipeline.Batches(batches.dataset.take(steps), batches.files), sunk_step, sink_size)
+def sunk_batches(split: pipeline.Split, spec: pipeline.TrainInput, run: Iterable[chunks.Chunk],
+                 k: int) -> Optional[pipeline.Batches]:
+    """The run's sunk dataset: the batches of the K-long chunks of `run` (`chunks.run_chunks`, from the resumed
+    step), across its epochs, in order (`chunks.sunk_spans`); None when no chunk is K long."""
+    spans = chunks.sunk_spans(run, k)
+    return pipeline.build_span_dataset(split, spec, spans) if spans else None
+
+
+def open_sunk_run(split: pipeline.Split, spec: pipeline.TrainInput, run: Iterable[chunks.Chunk], step_cell,
+                  k: int) -> Optional[SunkFeed]:
+    """GPU, K > 1: the run's one sunk feed (`sunk_batches`); None when no chunk is K long."""
+    batches = sunk_batches(split, spec, run, k)
+    return None if batches is None else SunkFeed(batches, step_cell, k)
 
 
 # MindSpore 2.10's GPU GetNext kernel, when the queue stays empty past `op_timeout` (set_context; 0 waits forever):

@@ -9,7 +9,7 @@ Saver (`checkpoint_saver.Saver`) writes them.
 
 The loop's sections are small methods, one place each for what happens there: `_train_epoch` cuts the epoch
 into chunks of up to `--sink_size` steps (run/chunks.py) run from one or more pipelines (`_train_segment`: on GPU
-the K-long chunks sunk, run/feed.py), `_host_chunk` waits for each batch (the wait ends at `meter.data_ready()`)
+the K-long chunks from the run's one sunk feed, `_open_sunk`), `_host_chunk` waits for each batch (`data_ready()`)
 and `_train_step` runs the compiled step, `_sunk_chunk` runs K steps in one call, and after each chunk
 `_report` writes the step line and the heartbeat, `_end_epoch` saves (`_save`) and evaluates
 (`_evaluate`) when the schedule says so, after making the ranks one model once for both (`_one_model`).
@@ -92,6 +92,7 @@ class Trainer:
         self.listener, self.flop_rate = listener, flop_rate
         self.stop: Optional[preempt_stop.Agreement] = None
         self.profiler: Optional[StepProfiler] = None   # --profile_steps, on the ranks it covers
+        self.sunk: Optional[feed.SunkFeed] = None   # GPU, K > 1: the run's sunk chunks (`_open_sunk`)
         # Where chunks end (run/chunks.py), and the Cell a sunk call runs (GPU, K > 1; else None).
         window = run.watch.profile
         self.limits = chunks.Limits(self.schedule.log_every, self.schedule.save_every_steps, self.schedule.max_steps,
@@ -146,11 +147,16 @@ class Trainer:
         self.saved_at, metrics = at.global_step, None
         self.stop = preempt_stop.Agreement(self.listener, self.collectives, at.global_step,
                                            faults=self.background.failure_row)
+        self.sunk = self._open_sunk(at)
         train_start = time.perf_counter()
-        while at.next_epoch(self.steps_per_epoch) < schedule.epochs and not self._reached(at) and not self._preempted:
-            at = self._train_epoch(at)
-            if at.epoch_complete(self.steps_per_epoch) or not self._preempted:
-                metrics = self._end_epoch(at)  # an epoch's end is on schedule, preempted there or not
+        try:
+            while at.next_epoch(self.steps_per_epoch) < schedule.epochs and not self._reached(at) and not self._preempted:
+                at = self._train_epoch(at)
+                if at.epoch_complete(self.steps_per_epoch) or not self._preempted:
+                    metrics = self._end_epoch(at)  # an epoch's end is on schedule, preempted there or not
+        finally:
+            if self.sunk is not None:   # the run's end, --max_steps, an agreed stop or an error
+                self.sunk.close()
         train_seconds = time.perf_counter() - train_start
         if self.profiler is not None:
             self.profiler.close(at.global_step)
@@ -206,15 +212,24 @@ class Trainer:
                 break
         return at
 
+    def _open_sunk(self, at: Position) -> Optional[feed.SunkFeed]:
+        """GPU, K > 1: the run's one sunk feed, every K-long chunk from `at` to the end (run/feed.py); else None."""
+        if self.sunk_step is None:
+            return None
+        self.beat.enter(Phase.DATA_WAIT)  # building the pipeline
+        k, spe = self.schedule.sink_size, self.steps_per_epoch
+        run = chunks.run_chunks(at.global_step, spe, self.schedule.epochs, k, self.limits)
+        return feed.open_sunk_run(self.data.train, self.data.train_input, run, self.sunk_step, k)
+
     def _train_segment(self, at: Position, lengths: list, sunk: bool, first: bool):
-        """One segment's chunks (`chunks.segments`: on CPU the whole epoch), from its own pipeline; (where it ended,
-        whether the run stops there)."""
+        """One segment's chunks (`chunks.segments`: on CPU the whole epoch), host-fed from its own pipeline or sunk
+        from the run's; (where it ended, whether the run stops there)."""
         epoch, skip = at.next_epoch(self.steps_per_epoch), at.skip(self.steps_per_epoch)
         self.beat.enter(Phase.DATA_WAIT)  # building the pipeline and its first batch
-        batches = pipeline.build_train_dataset(self.data.train, self.data.train_input, epoch, skip_steps=skip)
+        host = None if sunk else pipeline.build_train_dataset(self.data.train, self.data.train_input, epoch, skip)
         if first:
             self.watch.start_epoch(at)
-        source = feed.open_feed(batches, sum(lengths), self.sunk_step if sunk else None, self.schedule.sink_size)
+        source = self.sunk if sunk else feed.HostFeed(host)
         try:
             for length in lengths:
                 at = self._sunk_chunk(source, at, length) if sunk else self._host_chunk(source, at, length)
@@ -223,7 +238,8 @@ class Trainer:
                 if self._reached(at) or self._stop_agreed(at):
                     return at, True
         finally:
-            source.close()
+            if not sunk:   # the run's sunk feed stays open for its next chunks
+                source.close()
         return at, False
 
     def _host_chunk(self, source: feed.HostFeed, at: Position, length: int) -> Position:

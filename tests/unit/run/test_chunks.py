@@ -92,3 +92,60 @@ def test_describe_says_how_a_chunk_runs():
     assert chunks.describe(10, True, False) == "sink_size 10: chunks of up to 10 steps, each one sunk call (GPU)"
     assert "one host call per step" in chunks.describe(8, False, False)
     assert "several batch slots" in chunks.describe(1, False, True)
+
+
+def _loop_sunk_chunks(global_step, steps_per_epoch, epochs, k, limits):
+    """The sunk chunks the trainer's loop runs (`Trainer._train_epoch`: each epoch's `epoch_lengths` cut into
+    `segments`), as (epoch, step of the epoch, length), in order."""
+    sunk_chunks = []
+    while global_step < epochs * steps_per_epoch:
+        epoch, step = divmod(global_step, steps_per_epoch)
+        lengths = list(chunks.epoch_lengths(global_step, step, steps_per_epoch, k, limits))
+        for sunk, part in chunks.segments(lengths, k, sinks=True):
+            for length in part:
+                if sunk:
+                    sunk_chunks.append((epoch, step, length))
+                global_step, step = global_step + length, step + length
+        if step < steps_per_epoch:
+            break
+    return sunk_chunks
+
+
+def _expand(spans, k):
+    return [(epoch, first + i, k) for epoch, first, steps in spans for i in range(0, steps, k)]
+
+
+RUNS = [  # (resumed at global step, steps per epoch, epochs, K, Limits)
+    (0, 20, 3, 8, Limits()),
+    (0, 25, 4, 8, Limits(log_every=10)),
+    (5, 25, 3, 8, Limits(log_every=10)),                     # resumed mid-chunk
+    (27, 12, 5, 4, Limits(log_every=6, save_every_steps=10, max_steps=50)),
+    (3, 7, 6, 3, Limits(max_steps=31, ends=(9, 16))),         # the profiler window's edges
+    (0, 100, 90, 10, Limits(log_every=10, save_every_steps=500)),
+    (0, 5, 2, 8, Limits()),                                  # K longer than an epoch: nothing sunk
+]
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_the_runs_sunk_spans_are_every_sunk_chunk_the_loop_runs_in_order(run):
+    """One sunk dataset and one sunk network per run: the spans hold exactly the loop's sunk chunks, across epochs, in
+    the order it runs them (an agreed stop runs a prefix of them)."""
+    at, steps_per_epoch, epochs, k, limits = run
+    spans = chunks.sunk_spans(chunks.run_chunks(at, steps_per_epoch, epochs, k, limits), k)
+    assert _expand(spans, k) == _loop_sunk_chunks(at, steps_per_epoch, epochs, k, limits)
+    # Spans are maximal: two in a row are never contiguous steps of one epoch.
+    assert all(a[0] != b[0] or a[1] + a[2] != b[1] for a, b in zip(spans, spans[1:]))
+
+
+def test_run_chunks_cover_the_run_from_the_resume_point_to_its_end():
+    run = list(chunks.run_chunks(5, 25, 3, 8, Limits(log_every=10)))
+    assert run[:4] == [(0, 5, 5), (0, 10, 8), (0, 18, 2), (0, 20, 5)]
+    assert sum(length for _, _, length in run) == 3 * 25 - 5
+    assert sum(length for _, _, length in chunks.run_chunks(0, 20, 3, 8, Limits(max_steps=45))) == 45
+
+
+def test_sunk_spans_merge_consecutive_full_chunks_of_an_epoch_only():
+    run = chunks.run_chunks(0, 20, 3, 8, Limits(max_steps=45))   # 8 8 4 | 8 8 4 | 5
+    assert chunks.sunk_spans(run, 8) == [(0, 0, 16), (1, 0, 16)]
+    run = chunks.run_chunks(0, 25, 2, 8, Limits(log_every=10))   # 8 2 8 2 5 per epoch
+    assert chunks.sunk_spans(run, 8) == [(0, 0, 8), (0, 10, 8), (1, 0, 8), (1, 10, 8)]
