@@ -94,7 +94,7 @@ def _compute(cfg) -> Tuple[Compute, str]:
                           f"{hardware.STEP_MS_HOWTO}")
     kind = _precision(cfg)
     rate = hardware.gpu_throughput(cfg.gpu, cfg.model, kind)
-    per_image = 1000 / rate.images_per_sec * (cfg.image_size / hardware.REFERENCE_SIZE) ** 2
+    per_image = hardware.ms_per_image(cfg.gpu, cfg.model, kind, cfg.image_size)
     source = (f"{cfg.gpu.upper()} {kind}: {rate.images_per_sec:.0f} img/s at 224 px, batch {rate.batch} "
               f"({rate.source}), scaled to {cfg.image_size} px")
     return Compute(per_image, **host), source

@@ -72,6 +72,7 @@ def train(started: startup.Started) -> int:
     # Beats from before cluster init, so a rank stuck there is seen too.
     beat = watchdog.watch_this_rank(log_dir, launch, started.stall)
     dist, collectives = startup.join(started, log_dir)
+    run = startup.agree_sink_size(run, collectives)
     heartbeat_writer.dump_stacks_on_signal(rank_log_path(log_dir, dist.rank))
     from msdist.rank import distributed  # loads MindSpore
     from msdist.run.trainer import Trainer

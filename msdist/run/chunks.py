@@ -12,11 +12,12 @@ An agreed stop (rank/preempt_stop.py) is asked at every chunk's end, so the run 
 or after the agreement's check step: never inside a chunk, on every rank alike, since every rank computes the
 same chunks from the same values.
 """
+import math
 from dataclasses import dataclass
-from math import gcd
-from typing import Iterable, Iterator, List, Tuple, Union
+from typing import Iterable, Iterator, List, Sequence, Tuple, Union
 
 from msdist.base.errors import ConfigError
+from msdist.run import hardware
 
 
 @dataclass(frozen=True)
@@ -121,12 +122,43 @@ def auto_size(log_every: int, save_every_steps: int, cap: int) -> int:
     `save_every_steps` (when set), so that those limits cut no chunk short."""
     period = log_every
     if save_every_steps:
-        period = gcd(period, save_every_steps)
+        period = math.gcd(period, save_every_steps)
     return max(d for d in range(1, min(period, cap) + 1) if period % d == 0)
 
 
 AUTO = "auto"
-AUTO_CAP = 64   # steps: a chunk of ResNet-50 on an A100 (~10 ms a step) stays well under a second
+AUTO_CAP = 64   # steps: without a step time, a chunk of ResNet-50 on an A100 (~10 ms a step) stays under a second
+TIMED_CAP = 256  # steps: with one, a bound should the forecast be far too slow
+
+
+def steps_lasting(step_s: float, chunk_s: float = hardware.SINK_CHUNK_S) -> int:
+    """The fewest steps of `step_s` seconds that last `chunk_s` (at least one): a sunk chunk of about 0.5-1 s, the
+    model zoo's per-call length, long enough that the per-call host work is paid rarely, short enough that the
+    heartbeat, the step line and a stop come within a second."""
+    return max(1, math.ceil(chunk_s / step_s)) if step_s > 0 else 1
+
+
+def timed_size(step_s: float, log_every: int, save_every_steps: int) -> Tuple[int, int]:
+    """GPU `auto` once the step time is known: (K, the step line's period).
+
+    K is `steps_lasting(step_s)` (at most TIMED_CAP); with `save_every_steps`, the smallest divisor of it from there
+    (or itself), so that saves cut no chunk. The step line comes at a chunk's end: `log_every` rounded up to a
+    whole number of chunks.
+    """
+    k = min(steps_lasting(step_s), TIMED_CAP)
+    if save_every_steps:
+        k = next((d for d in range(k, save_every_steps + 1) if save_every_steps % d == 0), save_every_steps)
+    return k, k * -(-log_every // k)
+
+
+def agreed_size(step_s_of_ranks: Sequence[float], k: int, log_every: int, save_every_steps: int) -> Tuple[int, int]:
+    """(K, the step line's period) every rank runs, from each rank's forecast of its sunk step (0: none): chunk ends
+    are the job's collectives, so every rank must take the same. The slowest rank sets the chunk's time (the others
+    wait for it in the exchange); without a forecast on every rank, (`k`, `log_every`) as resolved from the options.
+    """
+    if not step_s_of_ranks or min(step_s_of_ranks) <= 0:
+        return k, log_every
+    return timed_size(max(step_s_of_ranks), log_every, save_every_steps)
 
 
 def parse_size(text) -> Union[str, int]:
@@ -146,7 +178,7 @@ def resolve_size(requested, device_target: str, several_slots: bool, log_every: 
 
     CPU has no data sink (MindSpore's DatasetHelper refuses one there: mindspore/train/dataset_helper.py:372-384),
     so `auto` is 1 there; an explicit K still groups the loop's boundary work into chunks of K steps. On GPU `auto`
-    is `auto_size`. A rank owning several batch slots (an elastic job below MAX nodes) swaps BatchNorm statistics
+    is `auto_size` until the ranks agree on the step time at start-up (`agreed_size`). A rank owning several batch slots (an elastic job below MAX nodes) swaps BatchNorm statistics
     from the host between them (`step.TrainStep.train_on`), never inside one sunk graph: K is 1 there (`describe`
     says why). `--grad_accum_steps` alone is sunk: `sink.SunkStep` unrolls the micro-batches in its graph.
     """

@@ -163,8 +163,9 @@ TRAIN_OPTIONS = [
          "(docs/performance.md)", choices=jit.JIT_LEVELS),
     _opt("sink_size", chunks.parse_size, chunks.AUTO, "optimizer steps per host call (MindSpore's data sink): on "
          "GPU a chunk of K steps is one sunk call fed by the device's data queue; the heartbeat, step line, saves by "
-         "steps and the stop check happen between chunks; auto = the largest K up to 64 dividing log_every and "
-         "save_every_steps on GPU, 1 on CPU (no data sink there); docs/performance.md", hashed=False,
+         "steps and the stop check happen between chunks; auto = on GPU chunks of 0.5-1 s from the ranks' forecast "
+         "step time (the step line every log_every rounded up to whole chunks; without a forecast the largest K up to "
+         "64 dividing log_every and save_every_steps), 1 on CPU (no data sink there); docs/performance.md", hashed=False,
          check=chunks.check_size),
     _opt("verbose", boolean, False, "show MindSpore's own C++ INFO/WARNING lines", hashed=False),
     _opt("log_every", int, 10, "print a progress line every N steps", min=1, hashed=False),

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
-from msdist.run import hardware
+from msdist.run import chunks
 from msdist.run.hardware import Link
 
 SCALES = tuple(2 ** i for i in range(11))  # N = 1, 2, 4, ..., 1024
@@ -172,7 +172,7 @@ class Compute:
 
     `host_ms`: per step, whatever the launch mode (in sink mode MindSpore's end-of-step sync and next launch,
     `hardware.SINK_STEP_HOST_MS`); `call_ms`: per Python call of the step, which sink mode pays once per chunk
-    of `sink_steps` steps. `hides_exchange`: whether backward can run while the exchange does. A GPU computes
+    of `chunks.steps_lasting` steps (`--sink_size auto`). `hides_exchange`: whether backward can run while the exchange does. A GPU computes
     while its links and NCCL's kernels move data; a CPU rank cannot: mccl's ring all-reduce is memcpy, TCP and a
     summing loop run by the rank's own threads on the rank's own cores (docs/scaling.md, "Checked here").
     """
@@ -184,14 +184,9 @@ class Compute:
     call_ms: float = 0.0
 
 
-def sink_steps(device_step_s: float, chunk_s: float = hardware.SINK_CHUNK_S) -> int:
-    """Steps in one sunk chunk of `--sink_size auto`: the fewest that last `chunk_s`, at least one."""
-    return max(1, math.ceil(chunk_s / device_step_s)) if device_step_s > 0 else 1
-
-
 def host_seconds(compute: Compute, device_step_s: float) -> float:
     """What the host adds to one step: `host_ms` every step, the Python call spread over its chunk."""
-    return (compute.host_ms + compute.call_ms / sink_steps(device_step_s)) / 1000
+    return (compute.host_ms + compute.call_ms / chunks.steps_lasting(device_step_s)) / 1000
 
 
 def overlaps_backward(compute: Compute, slots_per_gpu: int = 1) -> bool:

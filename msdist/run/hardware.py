@@ -105,13 +105,40 @@ PEAK_TFLOPS: Dict[Tuple[str, str], float] = {
 }
 
 
+def gpu_of_product(model_name: str) -> Optional[str]:
+    """The tables' name (`GPUS`) of a GPU product name ("Tesla V100-SXM2-16GB", "NVIDIA A100-SXM4-80GB"...); None
+    for a GPU the tables do not hold."""
+    return next((gpu for gpu in GPUS if gpu in model_name.upper()), None)
+
+
 def gpu_peak_flops(model_name: str, precision: str) -> Optional[float]:
-    """One GPU's peak FLOP/s in `precision` ("fp32" or "amp"), from its product name ("Tesla V100-SXM2-16GB",
-    "NVIDIA A100-SXM4-80GB"...); None for a GPU the table does not hold."""
-    for gpu in GPUS:
-        if gpu in model_name.upper() and (gpu, precision) in PEAK_TFLOPS:
-            return PEAK_TFLOPS[(gpu, precision)] * 1e12
-    return None
+    """One GPU's peak FLOP/s in `precision` ("fp32" or "amp"), from its product name; None for a GPU the table
+    does not hold."""
+    peak = PEAK_TFLOPS.get((gpu_of_product(model_name), precision))
+    return None if peak is None else peak * 1e12
+
+
+def ms_per_image(gpu: str, model: str, precision: str, image_size: int) -> float:
+    """One `gpu`'s training milliseconds per image of `model` at `image_size`: its 224 px row scaled by pixels.
+
+    Raises:
+        ConfigError: what `gpu_throughput` refuses.
+    """
+    return 1000 / gpu_throughput(gpu, model, precision).images_per_sec * (image_size / REFERENCE_SIZE) ** 2
+
+
+def sunk_step_seconds(product_name: str, model: str, precision: str, image_size: int, images: int
+                      ) -> Optional[float]:
+    """One sunk step of `images` images on the GPU named `product_name` (its compute, and what MindSpore's loop adds
+    to every step, `SINK_STEP_HOST_MS`); None where the tables hold no figure for it."""
+    gpu = gpu_of_product(product_name)
+    if gpu is None:
+        return None
+    try:
+        per_image = ms_per_image(gpu, model, precision, image_size)
+    except ConfigError:
+        return None
+    return (per_image * images + SINK_STEP_HOST_MS) / 1000
 
 
 # ----------------------------------------------------------------------------------------------- links

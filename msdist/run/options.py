@@ -14,7 +14,7 @@ from msdist.base.errors import ConfigError
 from msdist.base.launch_env import BATCH_SLOTS_VAR, RESUME_FROM_RANK0_VAR
 from msdist.data import augment, pipeline, plan
 from msdist.engine import jit, precision
-from msdist.run import checkpoint_model, chunks, config, profiler, stragglers
+from msdist.run import checkpoint_model, chunks, config, hardware, profiler, stragglers
 
 
 def num_classes(requested: int, classes: Dict[str, int]) -> int:
@@ -167,6 +167,17 @@ def sink_size(cfg, device_target: str, slots: int, world_size: int) -> int:
     chunk ends are the job's collectives (the stop check)."""
     return chunks.resolve_size(cfg.sink_size, device_target, slots != world_size, cfg.log_every,
                                cfg.save_every_steps)
+
+
+def sunk_step_forecast(cfg, device_target: str, batch, world_size: int, gpu_name: str) -> Optional[float]:
+    """This rank's forecast of one sunk step in seconds (`hardware.sunk_step_seconds`, its share of the global
+    batch on the GPU named `gpu_name`; 0 for a GPU the tables do not hold), where `--sink_size auto` sinks steps
+    (GPU, one batch slot per rank, the same on every rank); elsewhere None."""
+    if cfg.sink_size != chunks.AUTO or device_target != "GPU" or batch.slots != world_size:
+        return None
+    kind = "fp32" if precision.resolve_amp_level(cfg.amp_level, device_target) == "O0" else "amp"
+    step_s = hardware.sunk_step_seconds(gpu_name, cfg.model, kind, cfg.image_size, batch.global_batch // world_size)
+    return step_s or 0.0
 
 
 def _fusion(text: str) -> Optional[Tuple[int, ...]]:

@@ -92,7 +92,8 @@ def gpu_model_name(information: str) -> str:
     return ""
 
 
-def _host_gpu_name() -> str:
+def host_gpu_name() -> str:
+    """The first GPU's product name on this host ("" without an NVIDIA driver)."""
     for path in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
         with open(path, encoding="utf-8", errors="replace") as f:
             name = gpu_model_name(f.read())
@@ -104,6 +105,6 @@ def _host_gpu_name() -> str:
 def device_peak(device_target: str, amp_level: str, threads_per_rank: int) -> Optional[float]:
     """One device's peak FLOP/s: a GPU's from the table (None where it holds no row), a CPU rank's threads'."""
     if device_target == "GPU":
-        return hardware.gpu_peak_flops(_host_gpu_name(), "fp32" if amp_level == "O0" else "amp")
+        return hardware.gpu_peak_flops(host_gpu_name(), "fp32" if amp_level == "O0" else "amp")
     core = cpu_core_peak()
     return core * threads_per_rank if core else None

@@ -26,7 +26,7 @@ from msdist.cluster import preemption
 from msdist.rank import device
 from msdist.data import pipeline, plan
 from msdist.engine import optim
-from msdist.run import config, options, profiler, stragglers
+from msdist.run import config, options, peak, profiler, stragglers
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,9 @@ class Schedule:
     log_every: int
     lr: LearningRates
     sink_size: int                   # K, steps per host call, resolved for the device (`options.sink_size`)
+    # GPU, --sink_size auto: this rank's forecast of one sunk step in seconds (0: none for its GPU), from which the
+    # ranks agree on K and the step line's period at start-up (`startup.agree_sink_size`); None: both are final.
+    sunk_step_s: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -189,21 +192,25 @@ class RunPlan:
 
 
 def resolve(cfg: argparse.Namespace, world_size: int, chosen: device.DevicePlan,
-            environ: Mapping[str, str] = os.environ) -> RunPlan:
+            environ: Mapping[str, str] = os.environ, gpu_name: Optional[str] = None) -> RunPlan:
     """The run plan of one process: `cfg` (checked by `startup.run_checks`) on `world_size` ranks and `chosen` device.
 
-    Reads rank 0's newest checkpoint once when resuming (its batch layout), and the launcher's variables in
-    `environ` (`MSDIST_BATCH_SLOTS`, `MSDIST_RESUME_FROM_RANK0`).
+    Reads rank 0's newest checkpoint once when resuming (its batch layout), the launcher's variables in
+    `environ` (`MSDIST_BATCH_SLOTS`, `MSDIST_RESUME_FROM_RANK0`), and on GPU the host's GPU product name unless
+    `gpu_name` gives it.
 
     Raises:
         ConfigError: `resolve_batch` or `preemption.parse_signal` refuse.
     """
     batch = resolve_batch(cfg, world_size, environ)
     directory, prefix = options.checkpoint_place(cfg)
+    if gpu_name is None:
+        gpu_name = peak.host_gpu_name() if chosen.target == "GPU" else ""
     return RunPlan(
         world_size=world_size, device=chosen, seed=cfg.seed, batch=batch,
         step=options.step_plan(cfg, chosen.target, batch.slots),
-        schedule=_schedule(cfg, batch.slots, options.sink_size(cfg, chosen.target, batch.slots, world_size)),
+        schedule=_schedule(cfg, batch.slots, options.sink_size(cfg, chosen.target, batch.slots, world_size),
+                           options.sunk_step_forecast(cfg, chosen.target, batch, world_size, gpu_name)),
         input=_from_options(InputPlan, cfg, skip_bad_images=cfg.bad_images == "skip",
                             spec=options.train_input(cfg, plan.BatchLayout(), workers_per_rank=0, classes=0)),
         model=_model(cfg),
@@ -235,9 +242,9 @@ def resolve_batch(cfg, world_size: int, environ: Mapping[str, str]) -> BatchPlan
                      options.eval_batch(cfg, plan.per_rank_batch(cfg.batch_size, slots)))
 
 
-def _schedule(cfg, slots: int, sink_size: int) -> Schedule:
+def _schedule(cfg, slots: int, sink_size: int, sunk_step_s: Optional[float]) -> Schedule:
     base_lr = cfg.lr * slots if cfg.scale_lr else cfg.lr
-    return _from_options(Schedule, cfg, sink_size=sink_size,
+    return _from_options(Schedule, cfg, sink_size=sink_size, sunk_step_s=sunk_step_s,
                          lr=LearningRates(cfg.lr_schedule, base_lr, cfg.epochs, cfg.warmup_epochs, cfg.lr_step_size,
                                           cfg.lr_gamma, cfg.min_lr))
 

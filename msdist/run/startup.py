@@ -10,6 +10,9 @@
 5. `join()`: distributed init (unbound and without wake-up preemption: `runtime.prepare_to_join`), then
    the rank's core binding (`runtime.bind_to_cores`), MindSpore's thread pool, this rank's log file.
 
+6. training on GPU with `--sink_size auto`: the ranks agree on K and the step line's period from their forecasts
+   of one sunk step (`agree_sink_size`, one small gather).
+
 Steps 1-4 are `start()`. Step 5 is separate because training must claim its output folder and start
 its heartbeat between them. train, eval and check run all five (so do benchmark workers that join a
 job). A process outside any job takes the same steps without a config: `start_standalone` (predict,
@@ -18,6 +21,7 @@ benchmarks, which use MindSpore's dataset engine without a context, take step 4 
 `runtime.prepare_tool`, below run/ so that the data face imports nothing above data/.
 """
 import argparse
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -29,7 +33,7 @@ from msdist.cluster import job, stall
 from msdist.data import pipeline, plan
 from msdist.engine import precision
 from msdist.rank import device, distributed, local_exchange, runtime
-from msdist.run import config, options, recipe, run_plan
+from msdist.run import chunks, config, options, recipe, run_plan
 
 _logger = logging.getLogger(__name__)
 
@@ -216,6 +220,22 @@ def join(started: Started, log_dir: str, log_name: str = "rank") -> Tuple[distri
     for warning in started.warnings:  # the console is rank 0's only: one line per warning for the job
         _logger.warning("warning: %s", warning)
     return dist, distributed.Collectives(dist.world_size)
+
+
+def agree_sink_size(run: run_plan.RunPlan, collectives) -> run_plan.RunPlan:
+    """Step 6, GPU `--sink_size auto`: every rank's forecast of its sunk step gathered once, and the plan with the K
+    and the step line's period they all take (`chunks.agreed_size`: a chunk of about 0.5-1 s on the slowest). Chunk
+    ends are the job's collectives, so a rank may not decide K from its own GPU alone. Elsewhere `run` as it is."""
+    schedule = run.schedule
+    if schedule.sunk_step_s is None:
+        return run
+    step_s = [float(s) for s in collectives.gather([schedule.sunk_step_s])[:, 0]]
+    k, log_every = chunks.agreed_size(step_s, schedule.sink_size, schedule.log_every, schedule.save_every_steps)
+    if (k, log_every) != (schedule.sink_size, schedule.log_every):
+        _logger.info("sink_size auto: %d steps a sunk call (forecast %.1f ms a step on the slowest GPU: chunks of "
+                     "~%.2f s); the step line every %d steps", k, 1000 * max(step_s), k * max(step_s), log_every)
+    return dataclasses.replace(run, schedule=dataclasses.replace(schedule, sink_size=k, log_every=log_every,
+                                                                 sunk_step_s=None))
 
 
 def start_standalone(device_target: str = "auto", verbose: bool = False, cpu_isa: str = "auto",

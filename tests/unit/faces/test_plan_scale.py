@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from msdist.run import config, forecast, hardware
+from msdist.run import chunks, config, forecast, hardware
 from msdist.run.forecast import Compute, Gradients, Message, Network
 from msdist.run.hardware import Link
 
@@ -167,7 +167,7 @@ def test_the_sink_mode_step_keeps_the_stream_sync_and_the_next_launch():
     # MindSpore's end-of-step SyncAllStreams round trip (20 us) and its next launch (75 us): 0.095 ms every step
     assert hardware.SINK_STEP_HOST_MS == pytest.approx((20 + 75) / 1000)
     # the Python call (1.1 ms) once per chunk of `auto` steps, which lasts at least 0.5 s: 10 ms steps -> 50 a chunk
-    assert [forecast.sink_steps(s) for s in (0.010, 0.3, 0.5, 2.0)] == [50, 2, 1, 1]
+    assert [chunks.steps_lasting(s) for s in (0.010, 0.3, 0.5, 2.0)] == [50, 2, 1, 1]
     compute = Compute(1.0, 0.095, call_ms=1.1)
     assert forecast.host_seconds(compute, 0.010) == pytest.approx((0.095 + 1.1 / 50) / 1000)
     # a row: 10 images x 1 ms = 10 ms compute, one GPU: step 10 + 0.095 + 0.022 ms

@@ -176,3 +176,36 @@ def test_check_plan_reads_the_resumed_checkpoint_once_as_training_does(monkeypat
                             "--device_target", "CPU", "--num_classes", "4"]) == 0
     assert reads == [str(tmp_path / "a.ckpt")]
     assert "[rank 0] device: CPU" in capsys.readouterr().out
+
+
+def test_gpu_auto_carries_this_hosts_forecast_of_a_sunk_step_for_the_agreement(tmp_path):
+    from msdist.rank import device
+    cfg = config.parse(["--output_dir", str(tmp_path), "--batch_size", "64", "--model", "resnet50",
+                        "--image_size", "100"])
+
+    def forecast(target, gpu_name, argv=(), environ=None):
+        plan = run_plan.resolve(config.parse(["--output_dir", str(tmp_path), "--batch_size", "64", "--model",
+                                              "resnet50", "--image_size", "100", *argv]), 2,
+                                device.DevicePlan(target, target, "test", 0), environ or {}, gpu_name=gpu_name)
+        return plan.schedule.sunk_step_s
+    # 32 images a rank at 2470 img/s (A100, AMP, 224 px) scaled by (100/224)^2, plus MindSpore's 0.095 ms a step.
+    assert forecast("GPU", "NVIDIA A100-SXM4-40GB") == pytest.approx((32 * 1000 / 2470 * (100 / 224) ** 2 + 0.095)
+                                                                     / 1000)
+    assert forecast("GPU", "NVIDIA GeForce RTX 3090") == 0.0        # no figures: agreed from the options' K
+    assert forecast("GPU", "NVIDIA A100-SXM4-40GB", ["--sink_size", "8"]) is None
+    assert forecast("GPU", "NVIDIA A100-SXM4-40GB", environ={launch_env.BATCH_SLOTS_VAR: "4"}) is None
+    assert forecast("CPU", "") is None
+    assert plan_on(cfg, 2, "CPU").schedule.sunk_step_s is None
+
+
+def test_start_up_agrees_k_and_the_step_line_and_leaves_other_plans_alone(tmp_path):
+    from msdist.rank import device, distributed
+    from msdist.run import startup
+    argv = ["--output_dir", str(tmp_path), "--batch_size", "32", "--model", "resnet50", "--image_size", "100"]
+    gpu = run_plan.resolve(config.parse(argv), 1, device.DevicePlan("GPU", "GPU", "test", 0), {},
+                           gpu_name="NVIDIA A100-SXM4-40GB")
+    agreed = startup.agree_sink_size(gpu, distributed.Collectives(1))
+    assert (agreed.schedule.sink_size, agreed.schedule.log_every, agreed.schedule.sunk_step_s) == (187, 187, None)
+    assert agreed.schedule.epochs == gpu.schedule.epochs and agreed.batch == gpu.batch
+    cpu = plan_on(config.parse(argv), 1, "CPU")
+    assert startup.agree_sink_size(cpu, distributed.Collectives(1)) is cpu
