@@ -22,6 +22,7 @@ import time
 from typing import List, Mapping, Optional
 
 from msdist.base.files import atomic_write_text
+from msdist.cluster.registration import RESPAWNED_VAR
 
 # Ranks reach these points within seconds of each other (they start together); a rank that does not
 # arrive in this time is stuck or dead, and the caller falls back to what it knows alone.
@@ -34,11 +35,15 @@ def job_key(launcher: str, job_id: str, env: Mapping[str, str]) -> str:
 
     mpirun and srun give a job id; msdist.launch and msrun give their scheduler's address, which is
     unique on a host while the job runs. Ranks set up by hand (launcher "env") count every rank as
-    local, so they would wait for ranks on other hosts: no key.
+    local, so they would wait for ranks on other hosts: no key. Nor has a rank msdist.launch started again
+    because it did not register: its local ranks exchanged before and would never answer (the respawn would
+    wait out EXCHANGE_TIMEOUT_S and miss its registration again).
 
     Args:
         launcher: `LaunchEnv.launcher`; job_id: `LaunchEnv.job_id`.
     """
+    if env.get(RESPAWNED_VAR):
+        return ""
     if job_id:
         key = job_id
     elif launcher in ("msdist.launch", "msrun") and env.get("MS_SCHED_PORT"):
