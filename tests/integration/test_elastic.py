@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from msdist.launcher.peers import MEMBER_TIMEOUT_S
-from test_launch import TINY_CONFIG, DATA_DIR, Job, _tagged_pids
+from test_launch import TINY_CONFIG, DATA_DIR, Job, _tagged_pids, stop_all
 from test_two_hosts import _create_namespaces, _delete_namespaces
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -292,13 +292,6 @@ def test_fewer_than_min_nodes_is_a_named_failure_not_a_hang(tmp_path):
     assert job.leftovers() == []
 
 
-def _stop(jobs) -> None:
-    for job in jobs.values():
-        if job.proc.poll() is None:
-            job.proc.kill()
-            job.proc.wait()
-
-
 def _beyond_max_reforms(tmp, hosts) -> tuple:
     """--max_reforms 0 --membership_timeout 3, node 1 lost: (node 0's exit status, its stderr, its leftovers)."""
     port = 23000 + os.getpid() % 500 * 10
@@ -310,7 +303,7 @@ def _beyond_max_reforms(tmp, hosts) -> tuple:
         assert "at" in kill, jobs[1].stderr()
         return jobs[0].wait(limit_s=120), jobs[0].stderr(), jobs[0].leftovers()
     finally:
-        _stop(jobs)
+        stop_all(jobs)
 
 
 NFS_DELAY_S = 35   # above NFS's acdirmin (30 s), and above the 10 s the claim once had to show within
@@ -327,7 +320,7 @@ def _behind_an_nfs_cache(tmp, hosts) -> dict:
             assert jobs[node].wait(limit_s=RUN_LIMIT_S) == 0, jobs[node].stderr()
         return {node: (job, job.leftovers()) for node, job in jobs.items()}
     finally:
-        _stop(jobs)
+        stop_all(jobs)
 
 
 def _with_another_output_dir(tmp, hosts) -> tuple:
@@ -338,7 +331,7 @@ def _with_another_output_dir(tmp, hosts) -> tuple:
     try:
         return jobs[1].wait(limit_s=120), jobs[1].stderr(), jobs[1].output_dir
     finally:
-        _stop(jobs)
+        stop_all(jobs)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from msdist.run import checkpoint
-from test_launch import DATA_DIR, TINY_CONFIG, Job, _tagged_pids
+from test_launch import DATA_DIR, TINY_CONFIG, Job, _tagged_pids, stop_all
 from test_elastic_drain import hosts  # noqa: F401  (the fixture: three hosts on a bridge, removed afterwards)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -48,13 +48,6 @@ def _lose(jobs, nodes, at_step: int) -> None:
                 pass
 
 
-def _stop_all(jobs) -> None:
-    for job in jobs.values():
-        if job.proc.poll() is None:
-            job.proc.kill()
-            job.proc.wait()
-
-
 def _two_nodes_lost(tmp, hosts) -> tuple:
     """--nnodes 1:3 -n 2, nodes 1 and 2 lost together: (the survivor's exit status, its stderr, each of its ranks'
     newest good step, its leftovers)."""
@@ -68,7 +61,7 @@ def _two_nodes_lost(tmp, hosts) -> tuple:
                  for rank in (0, 1)]
         return code, survivor.stderr(), [s.position.global_step if s else None for s in steps], survivor.leftovers()
     finally:
-        _stop_all(jobs)
+        stop_all(jobs)
 
 
 def _one_lost_below_min(tmp, hosts) -> tuple:
@@ -83,7 +76,7 @@ def _one_lost_below_min(tmp, hosts) -> tuple:
         ckpt = os.path.join(jobs[0].output_dir, "ckpt")
         return ended, [checkpoint.latest_good(ckpt, "resnet_tiny", rank).position.global_step for rank in (0, 1, 2)]
     finally:
-        _stop_all(jobs)
+        stop_all(jobs)
 
 
 @pytest.fixture(scope="module")

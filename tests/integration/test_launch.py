@@ -127,6 +127,14 @@ class Job:
         return {k: v.asnumpy() for k, v in ms.load_checkpoint(info.path).items() if hasattr(v, "asnumpy")}
 
 
+def stop_all(jobs) -> None:
+    """SIGKILL every launcher of `jobs` (a dict of Job) still running, and reap it."""
+    for job in jobs.values():
+        if job.proc.poll() is None:
+            job.proc.kill()
+            job.proc.wait()
+
+
 def assert_same_final_params(job, reference) -> None:
     """Both ranks of `job` end with exactly the parameters (and training state) of the uninterrupted `reference`."""
     assert reference.wait() == 0, reference.stderr()
