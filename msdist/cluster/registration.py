@@ -24,6 +24,9 @@ NOT_REGISTERED = "not registered with the scheduler"
 # code of theirs can end them: the real-time signal of the same number (SIGRTMIN+8 on glibc) has libc's
 # `_exit` itself as its handler (`exit_on_signal`), which ends the rank with this status from any state.
 NOT_REGISTERED_EXIT = 42
+# Set by msdist.launch in the environment of a rank it starts again because it did not register: the local
+# ranks' start-up exchange (msdist.rank.local_exchange) ended before, and no peer would answer it again.
+RESPAWNED_VAR = "MSDIST_RESPAWNED"
 _REGISTERED = re.compile(r"ProcessRegister\] The new node: (\S+?)\(role: MS_WORKER\).*?hostname: ([^,]*),")
 
 

@@ -124,9 +124,10 @@ def worker_env(plan: Plan, local_rank: int, host: str, port: int) -> Dict[str, s
             "MSDIST_LOCAL_WORLD_SIZE": str(plan.nproc)}
 
 
-def _spawn_worker(plan: Plan, local_rank: int, host: str, port: int, train_args: List[str]) -> _Worker:
+def _spawn_worker(plan: Plan, local_rank: int, host: str, port: int, train_args: List[str],
+                  extra_env: Optional[Dict[str, str]] = None) -> _Worker:
     rank = plan.global_rank(local_rank)
-    env = dict(os.environ, **worker_env(plan, local_rank, host, port))
+    env = dict(os.environ, **worker_env(plan, local_rank, host, port), **(extra_env or {}))
     beat = heartbeat.path_for(plan.log_dir, rank)
     if os.path.exists(beat):
         os.remove(beat)  # a previous attempt's heartbeat must not count for this one
@@ -303,7 +304,8 @@ class _Joining:
             say(f"{line}; respawning it with the same node id ({old.respawns + 1} of {_MAX_RESPAWNS})")
             _signal_group(old.proc, signal.SIGKILL)
             old.proc.wait()
-            new = _spawn_worker(self.plan, rank - self.plan.global_rank(0), self.plan.master_addr, port, train_args)
+            new = _spawn_worker(self.plan, rank - self.plan.global_rank(0), self.plan.master_addr, port, train_args,
+                                {registration.RESPAWNED_VAR: "1"})
             workers[local[0]] = dataclasses.replace(new, respawns=old.respawns + 1)
             self.registrations.restart_clock(self.started)
         return None

@@ -5,7 +5,9 @@ afterwards even when a test fails). Every run starts at once in one module fixtu
 reference among them, so the file costs about one run's wall time. A lost node is its launcher and every
 process it started killed with SIGKILL, at the first step of epoch 2 (12 steps per epoch): the survivor
 re-forms alone and resumes from the epoch-1 checkpoint (global step 12) with world size 1. A node whose
-network is gone is its host's link taken down, on a pair of hosts of its own; then it comes back.
+network is gone is its host's link taken down, on a pair of hosts of its own; then it comes back. The shorter
+runs on the same hosts (a lost node beyond --max_reforms, a node whose NFS cache hides the claim, a node with
+another output dir) start together in a second module fixture, `side_runs`, once the first ones ended.
 """
 import glob
 import json
@@ -16,12 +18,13 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 from msdist.launcher.peers import MEMBER_TIMEOUT_S
-from test_launch import TINY_CONFIG, DATA_DIR, Job, _tagged_pids
+from test_launch import TINY_CONFIG, DATA_DIR, Job, _tagged_pids, stop_all
 from test_two_hosts import _create_namespaces, _delete_namespaces
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -289,72 +292,91 @@ def test_fewer_than_min_nodes_is_a_named_failure_not_a_hang(tmp_path):
     assert job.leftovers() == []
 
 
-@pytest.mark.multiprocess
-def test_a_reform_after_a_lost_node_beyond_max_reforms_is_one_line_and_a_failure(hosts, tmp_path):
-    """--max_reforms 0: the first lost node spends the budget; the survivor says so in one line and exits 1 instead
-    of re-forming (a flapping link would loop the job back to its checkpoint forever). --membership_timeout 3 s:
-    the loss is seen after 3 s of silence, not the default 10."""
+def _beyond_max_reforms(tmp, hosts) -> tuple:
+    """--max_reforms 0 --membership_timeout 3, node 1 lost: (node 0's exit status, its stderr, its leftovers)."""
     port = 23000 + os.getpid() % 500 * 10
     launcher = ["--max_reforms", "0", "--membership_timeout", "3"]
-    jobs = {node: _node(tmp_path, "budget", hosts, node, port, launcher=launcher) for node in (1, 0)}
+    jobs = {node: _node(tmp, "budget", hosts, node, port, launcher=launcher) for node in (1, 0)}
     try:
         kill = _lose_node(jobs, 1)
         kill["thread"].join(timeout=RUN_LIMIT_S)
         assert "at" in kill, jobs[1].stderr()
-        assert jobs[0].wait(limit_s=120) == 1, jobs[0].stderr()
-        lines = [line for line in jobs[0].stderr().splitlines() if "FAILED" in line]
-        assert len(lines) == 1 and re.fullmatch(
-            rf"msdist\.launch: FAILED: node {re.escape(hosts[1][1])} lost: no answer for [3-9] s; the job re-formed "
-            r"after a lost node 0 time\(s\) already \(--max_reforms 0\): a flapping host or link would take it back "
-            r"to its checkpoint forever", lines[0]), jobs[0].stderr()
-        assert _changes(jobs[0]) == []   # never went on as membership 2
-        assert jobs[0].leftovers() == []
+        return jobs[0].wait(limit_s=120), jobs[0].stderr(), jobs[0].leftovers()
     finally:
-        for job in jobs.values():
-            if job.proc.poll() is None:
-                job.proc.kill()
-                job.proc.wait()
+        stop_all(jobs)
 
 
 NFS_DELAY_S = 35   # above NFS's acdirmin (30 s), and above the 10 s the claim once had to show within
 NFS_LAUNCH = (os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch_with_nfs_delay.py"),)
 
 
-@pytest.mark.multiprocess
-def test_a_node_whose_nfs_cache_hides_the_claim_for_35_s_is_admitted_at_once(hosts, tmp_path):
-    """Node 1 sees node 0's claim files only 35 s after they were written (tests/nfs_delay.py: stat and open, as an
-    NFS client's attribute cache may). The claim is checked by an exclusive create, which the server answers, so
-    node 1 joins membership 1 at once and the job runs on both hosts (no re-form)."""
+def _behind_an_nfs_cache(tmp, hosts) -> dict:
+    """Node 1 sees node 0's claim files NFS_DELAY_S late: both launchers, once ended."""
     port = 26000 + os.getpid() % 500 * 10
-    jobs = {1: _node(tmp_path, "nfs", hosts, 1, port, env={"MSDIST_TEST_NFS_DELAY": str(NFS_DELAY_S)},
-                     launch=NFS_LAUNCH),
-            0: _node(tmp_path, "nfs", hosts, 0, port)}
+    jobs = {1: _node(tmp, "nfs", hosts, 1, port, env={"MSDIST_TEST_NFS_DELAY": str(NFS_DELAY_S)}, launch=NFS_LAUNCH),
+            0: _node(tmp, "nfs", hosts, 0, port)}
     try:
         for node in (0, 1):
             assert jobs[node].wait(limit_s=RUN_LIMIT_S) == 0, jobs[node].stderr()
-        assert _changes(jobs[0]) == [] and _result(jobs[0])["world_size"] == 2
-        assert jobs[0].leftovers() == [] and jobs[1].leftovers() == []
+        return {node: (job, job.leftovers()) for node, job in jobs.items()}
     finally:
-        for job in jobs.values():
-            if job.proc.poll() is None:
-                job.proc.kill()
-                job.proc.wait()
+        stop_all(jobs)
+
+
+def _with_another_output_dir(tmp, hosts) -> tuple:
+    """Node 1 writes elsewhere than node 0: (node 1's exit status, its stderr, its output dir)."""
+    port = 27000 + os.getpid() % 500 * 10
+    jobs = {1: _node(tmp, "unshared", hosts, 1, port, output_name="elsewhere"),
+            0: _node(tmp, "unshared", hosts, 0, port)}
+    try:
+        return jobs[1].wait(limit_s=120), jobs[1].stderr(), jobs[1].output_dir
+    finally:
+        stop_all(jobs)
+
+
+@pytest.fixture(scope="module")
+def side_runs(hosts, tmp_path_factory):
+    """The shorter runs on `hosts`, started at once (each mostly waits: a membership timeout, an admission, a
+    refusal) and all ended before a test looks."""
+    runs = {"budget": _beyond_max_reforms, "nfs": _behind_an_nfs_cache, "unshared": _with_another_output_dir}
+    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+        ended = {name: pool.submit(run, tmp_path_factory.mktemp(name), hosts) for name, run in runs.items()}
+    return ended
 
 
 @pytest.mark.multiprocess
-def test_a_node_with_another_output_dir_is_named_at_once(hosts, tmp_path):
+def test_a_reform_after_a_lost_node_beyond_max_reforms_is_one_line_and_a_failure(side_runs, hosts):
+    """--max_reforms 0: the first lost node spends the budget; the survivor says so in one line and exits 1 instead
+    of re-forming (a flapping link would loop the job back to its checkpoint forever). --membership_timeout 3 s:
+    the loss is seen after 3 s of silence, not the default 10."""
+    code, err, leftovers = side_runs["budget"].result()
+    assert code == 1, err
+    lines = [line for line in err.splitlines() if "FAILED" in line]
+    assert len(lines) == 1 and re.fullmatch(
+        rf"msdist\.launch: FAILED: node {re.escape(hosts[1][1])} lost: no answer for [3-9] s; the job re-formed "
+        r"after a lost node 0 time\(s\) already \(--max_reforms 0\): a flapping host or link would take it back "
+        r"to its checkpoint forever", lines[0]), err
+    # never went on as membership 2
+    assert [line for line in err.splitlines() if re.match(r"msdist\.launch: membership [2-9]", line)] == []
+    assert leftovers == []
+
+
+@pytest.mark.multiprocess
+def test_a_node_whose_nfs_cache_hides_the_claim_for_35_s_is_admitted_at_once(side_runs):
+    """Node 1 sees node 0's claim files only 35 s after they were written (tests/nfs_delay.py: stat and open, as an
+    NFS client's attribute cache may). The claim is checked by an exclusive create, which the server answers, so
+    node 1 joins membership 1 at once and the job runs on both hosts (no re-form)."""
+    ended = side_runs["nfs"].result()
+    assert _changes(ended[0][0]) == [] and _result(ended[0][0])["world_size"] == 2
+    assert ended[0][1] == [] and ended[1][1] == []
+
+
+@pytest.mark.multiprocess
+def test_a_node_with_another_output_dir_is_named_at_once(side_runs, hosts):
     """Node 1's --output_dir is not node 0's: its exclusive create of the claim succeeds, so it names the directory
     in one line and exits 2 at once, and leaves no claim file behind."""
-    port = 27000 + os.getpid() % 500 * 10
-    jobs = {1: _node(tmp_path, "unshared", hosts, 1, port, output_name="elsewhere"),
-            0: _node(tmp_path, "unshared", hosts, 0, port)}
-    try:
-        assert jobs[1].wait(limit_s=120) == 2, jobs[1].stderr()
-        assert f"msdist: error: --output_dir {jobs[1].output_dir} is not the one node 0 ({hosts[0][1]}) writes to: " \
-               "an elastic job needs storage every node sees" in jobs[1].stderr()
-        assert glob.glob(os.path.join(jobs[1].output_dir, "logs", "membership", "*")) == []
-    finally:
-        for job in jobs.values():
-            if job.proc.poll() is None:
-                job.proc.kill()
-                job.proc.wait()
+    code, err, output_dir = side_runs["unshared"].result()
+    assert code == 2, err
+    assert f"msdist: error: --output_dir {output_dir} is not the one node 0 ({hosts[0][1]}) writes to: " \
+           "an elastic job needs storage every node sees" in err
+    assert glob.glob(os.path.join(output_dir, "logs", "membership", "*")) == []

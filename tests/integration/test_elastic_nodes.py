@@ -3,17 +3,19 @@ ranks, and a node lost leaving fewer than MIN.
 
 Three namespaces hang off a bridge in a fourth (test_elastic_drain.py's `hosts`), so every host reaches every
 other; removed afterwards even when a test fails. A lost node is its launcher and every
-process it started killed with SIGKILL at the first step of epoch 2, as in test_elastic.py.
+process it started killed with SIGKILL at the first step of epoch 2, as in test_elastic.py. Both runs start
+together in one module fixture (`runs`, different ports on the same hosts), each its loss from a thread of its own.
 """
 import os
 import re
 import signal
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from msdist.run import checkpoint
-from test_launch import DATA_DIR, TINY_CONFIG, Job, _tagged_pids
+from test_launch import DATA_DIR, TINY_CONFIG, Job, _tagged_pids, stop_all
 from test_elastic_drain import hosts  # noqa: F401  (the fixture: three hosts on a bridge, removed afterwards)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -46,60 +48,74 @@ def _lose(jobs, nodes, at_step: int) -> None:
                 pass
 
 
-def _stop_all(jobs) -> None:
-    for job in jobs.values():
-        if job.proc.poll() is None:
-            job.proc.kill()
-            job.proc.wait()
-
-
-def _membership_lines(job) -> list:
-    return [line for line in job.stderr().splitlines() if re.match(r"msdist\.launch: membership [2-9]", line)]
-
-
-def test_two_nodes_of_two_ranks_lost_at_once_the_third_goes_on_with_its_two(hosts, tmp_path):
-    """--nnodes 1:3, -n 2 (world size 6; the global batch of 24 is cut into 6 slots at any world size): nodes 1
-    and 2 are killed together in epoch 2; node 0 re-forms alone once, world size 6 -> 2, from the epoch-1
-    checkpoint (8 steps per epoch), and finishes."""
+def _two_nodes_lost(tmp, hosts) -> tuple:
+    """--nnodes 1:3 -n 2, nodes 1 and 2 lost together: (the survivor's exit status, its stderr, each of its ranks'
+    newest good step, its leftovers)."""
     port = 24000 + os.getpid() % 500 * 10
-    jobs = _start(tmp_path, "two_lost", hosts, "1:3", 2, port, _TINY + ["--batch_size", "24"])
+    jobs = _start(tmp, "two_lost", hosts, "1:3", 2, port, _TINY + ["--batch_size", "24"])
     try:
         _lose(jobs, (1, 2), at_step=9)
         survivor = jobs[0]
-        assert survivor.wait(limit_s=RUN_LIMIT_S) == 0, survivor.stderr()
-        lines = _membership_lines(survivor)
-        a, b = (re.escape(hosts[n][1]) for n in (1, 2))
-        assert len(lines) == 1 and re.fullmatch(
-            rf"msdist\.launch: membership 2: node {a} left \(lost: no answer for \d+ s\), node {b} left \(lost: no "
-            rf"answer for \d+ s\); 1 node\(s\), world size 6 -> 2; node 0 \(scheduler\) {re.escape(hosts[0][1])}; "
-            r"resumed from global step 8", lines[0]), survivor.stderr()
-        for rank in (0, 1):   # both local ranks of the survivor trained to the end
-            assert checkpoint.latest_good(os.path.join(survivor.output_dir, "ckpt"), "resnet_tiny",
-                                          rank).position.global_step == 24
-        assert survivor.leftovers() == []
+        code = survivor.wait(limit_s=RUN_LIMIT_S)
+        steps = [checkpoint.latest_good(os.path.join(survivor.output_dir, "ckpt"), "resnet_tiny", rank)
+                 for rank in (0, 1)]
+        return code, survivor.stderr(), [s.position.global_step if s else None for s in steps], survivor.leftovers()
     finally:
-        _stop_all(jobs)
+        stop_all(jobs)
 
 
-def test_a_node_lost_leaving_fewer_than_min_ends_every_survivor_with_one_line_and_the_checkpoint_kept(hosts,
-                                                                                                     tmp_path):
+def _one_lost_below_min(tmp, hosts) -> tuple:
+    """--nnodes 3:4 on three hosts, node 2 lost: ({node: (exit status, stderr, leftovers)} of nodes 0 and 1, each
+    rank's newest good step)."""
+    port = 25000 + os.getpid() % 500 * 10
+    jobs = _start(tmp, "below_min", hosts, "3:4", 1, port, _TINY + ["--batch_size", "16"])
+    try:
+        _lose(jobs, (2,), at_step=13)
+        ended = {node: (jobs[node].wait(limit_s=RUN_LIMIT_S), jobs[node].stderr(), jobs[node].leftovers())
+                 for node in (0, 1)}
+        ckpt = os.path.join(jobs[0].output_dir, "ckpt")
+        return ended, [checkpoint.latest_good(ckpt, "resnet_tiny", rank).position.global_step for rank in (0, 1, 2)]
+    finally:
+        stop_all(jobs)
+
+
+@pytest.fixture(scope="module")
+def runs(hosts, tmp_path_factory):
+    """Both runs, started at once (each mostly waits: start-up, --membership_timeout) and ended before a test looks."""
+    started = {"two_lost": _two_nodes_lost, "below_min": _one_lost_below_min}
+    with ThreadPoolExecutor(max_workers=len(started)) as pool:
+        ended = {name: pool.submit(run, tmp_path_factory.mktemp(name), hosts) for name, run in started.items()}
+    return ended
+
+
+def test_two_nodes_of_two_ranks_lost_at_once_the_third_goes_on_with_its_two(runs, hosts):
+    """--nnodes 1:3, -n 2 (world size 6; the global batch of 24 is cut into 6 slots at any world size): nodes 1
+    and 2 are killed together in epoch 2; node 0 re-forms alone once, world size 6 -> 2, from the epoch-1
+    checkpoint (8 steps per epoch), and finishes."""
+    code, err, steps, leftovers = runs["two_lost"].result()
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if re.match(r"msdist\.launch: membership [2-9]", line)]
+    a, b = (re.escape(hosts[n][1]) for n in (1, 2))
+    assert len(lines) == 1 and re.fullmatch(
+        rf"msdist\.launch: membership 2: node {a} left \(lost: no answer for \d+ s\), node {b} left \(lost: no "
+        rf"answer for \d+ s\); 1 node\(s\), world size 6 -> 2; node 0 \(scheduler\) {re.escape(hosts[0][1])}; "
+        r"resumed from global step 8", lines[0]), err
+    assert steps == [24, 24]   # both local ranks of the survivor trained to the end
+    assert leftovers == []
+
+
+def test_a_node_lost_leaving_fewer_than_min_ends_every_survivor_with_one_line_and_the_checkpoint_kept(runs):
     """--nnodes 3:4 on three hosts: node 2 lost in epoch 2 leaves 2 < MIN. Each survivor says so in one line and
     exits 1 (docs/elastic.md, "Fewer than MIN nodes"); the epoch-1 checkpoint, complete on all three ranks, is
     where a --resume auto of the job on enough nodes continues."""
-    port = 25000 + os.getpid() % 500 * 10
-    jobs = _start(tmp_path, "below_min", hosts, "3:4", 1, port, _TINY + ["--batch_size", "16"])
-    try:
-        _lose(jobs, (2,), at_step=13)
-        for node in (0, 1):
-            assert jobs[node].wait(limit_s=RUN_LIMIT_S) == 1, jobs[node].stderr()
-            failed = [line for line in jobs[node].stderr().splitlines() if "FAILED" in line]
-            # Node 0 decides (2 left); node 1 may hear node 0's end first and count itself alone.
-            left = "2" if node == 0 else "[12]"
-            assert len(failed) == 1 and re.fullmatch(rf"msdist\.launch: FAILED: {left} node\(s\) left, fewer than the "
-                                                     r"minimum 3 \(--nnodes 3:4\)", failed[0]), jobs[node].stderr()
-            assert jobs[node].leftovers() == []
-        ckpt = os.path.join(jobs[0].output_dir, "ckpt")
-        assert [checkpoint.latest_good(ckpt, "resnet_tiny", rank).position.global_step for rank in (0, 1, 2)] == \
-            [12, 12, 12]
-    finally:
-        _stop_all(jobs)
+    ended, steps = runs["below_min"].result()
+    for node in (0, 1):
+        code, err, leftovers = ended[node]
+        assert code == 1, err
+        failed = [line for line in err.splitlines() if "FAILED" in line]
+        # Node 0 decides (2 left); node 1 may hear node 0's end first and count itself alone.
+        left = "2" if node == 0 else "[12]"
+        assert len(failed) == 1 and re.fullmatch(rf"msdist\.launch: FAILED: {left} node\(s\) left, fewer than the "
+                                                 r"minimum 3 \(--nnodes 3:4\)", failed[0]), err
+        assert leftovers == []
+    assert steps == [12, 12, 12]

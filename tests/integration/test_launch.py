@@ -5,7 +5,8 @@ inherits (workers and scheduler), so "nothing left behind" is checked on exactly
 processes, never on other jobs running on the machine.
 
 The slow runs start together in module fixtures and are shared between assertions, so the file
-costs a few launcher runs of wall time rather than one per assertion.
+costs a few launcher runs of wall time rather than one per assertion: `background_jobs` (no interaction) and
+`failing_runs` (each ended by what a thread does to it: SIGSTOP, SIGKILL, a user error).
 """
 import glob
 import json
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -123,6 +125,14 @@ class Job:
         assert info is not None, f"no good checkpoint for rank {rank} in {self.output_dir}"
         # Everything with a value: weights, BN statistics, optimizer moments and step, saved state.
         return {k: v.asnumpy() for k, v in ms.load_checkpoint(info.path).items() if hasattr(v, "asnumpy")}
+
+
+def stop_all(jobs) -> None:
+    """SIGKILL every launcher of `jobs` (a dict of Job) still running, and reap it."""
+    for job in jobs.values():
+        if job.proc.poll() is None:
+            job.proc.kill()
+            job.proc.wait()
 
 
 def assert_same_final_params(job, reference) -> None:
@@ -324,18 +334,69 @@ def test_kill9_is_named_fast_and_restart_resumes_exactly(tmp_path, background_jo
     assert_same_final_params(job, background_jobs["reference"])
 
 
-@pytest.mark.multiprocess
-def test_sigstop_is_detected_by_heartbeat(tmp_path):
+# ---------------------------------------------------------------- failing runs (started together)
+
+def _stopped_by_sigstop(tmp) -> tuple:
     # Long enough that only the stop can end it; only the heartbeat can tell.
-    job = Job(tmp_path, "stall", ["-n", "2", "--stall_silence_timeout", "10"], SHORT_ARGS + ["--max_steps", "100000",
-                                                                                         "--epochs", "1000"])
+    job = Job(tmp, "stall", ["-n", "2", "--stall_silence_timeout", "10"], SHORT_ARGS + ["--max_steps", "100000",
+                                                                                    "--epochs", "1000"])
     beat = job.wait_for_beat(1, at_least_step=4)
     os.kill(beat["pid"], signal.SIGSTOP)
-    assert job.wait() != 0
-    err = job.stderr()
+    return job.wait(), job.stderr(), job.leftovers()
+
+
+def _user_error_in_a_rank(tmp) -> tuple:
+    taken = tmp / "user_error" / "ckpt"   # another run's checkpoints: only the ranks look there
+    taken.mkdir(parents=True)
+    (taken / "resnet_tiny_rank0-1_2.ckpt").write_bytes(b"x")
+    job = Job(tmp, "user_error", ["-n", "2", "--max_restarts", "2"], SHORT_ARGS)
+    return job.wait(), job.stderr(), job.leftovers()
+
+
+def _mpirun_retry_loop_with_rank_1_killed_twice(tmp) -> tuple:
+    if not shutil.which("mpirun"):
+        pytest.skip("mpirun is not installed")
+    # The mpirun retry loop: rank 1 is killed (SIGKILL) on both attempts.
+    job = Job(tmp, "mpirun_retry", ["2"], SHORT_ARGS + ["--max_steps", "100000", "--epochs", "1000"],
+              command=["bash", RETRY_SCRIPT], env={"MAX_RESTARTS": "1"})
+    killed = None
+    for _ in range(2):
+        killed = job.wait_for_beat(1, at_least_step=3, other_than_pid=killed)["pid"]
+        os.kill(killed, signal.SIGKILL)
+    code = job.wait()
+    # Both mpirun jobs ended, the scheduler rank 0 started included (its watchdog allows 10 s).
+    return code, job.stderr(), job.leftovers(settle_s=15), job.output_dir
+
+
+def _launcher_killed_by_sigkill(tmp) -> list:
+    job = Job(tmp, "launcher_kill9", ["-n", "2"], SHORT_ARGS)
+    job.wait_for_beat(0)
+    job.wait_for_beat(1)
+    job.proc.kill()
+    job.proc.wait()
+    # Workers die with the launcher (PR_SET_PDEATHSIG); the scheduler's watchdog allows itself 10 s.
+    return job.leftovers(settle_s=20)
+
+
+@pytest.fixture(scope="module")
+def failing_runs(tmp_path_factory):
+    """Runs ended by a fault a thread of their own causes, started at once (each mostly waits: a start-up, then a
+    silence limit, a restart, a launcher's end) and all ended before a test looks; each tells what it saw as it
+    ended (nothing left behind is looked for right then, as a test of its own would)."""
+    runs = {"sigstop": _stopped_by_sigstop, "user_error": _user_error_in_a_rank,
+            "mpirun_retry": _mpirun_retry_loop_with_rank_1_killed_twice, "launcher_kill9": _launcher_killed_by_sigkill}
+    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+        ended = {name: pool.submit(run, tmp_path_factory.mktemp(name)) for name, run in runs.items()}
+    return ended
+
+
+@pytest.mark.multiprocess
+def test_sigstop_is_detected_by_heartbeat(failing_runs):
+    code, err, leftovers = failing_runs["sigstop"].result()
+    assert code != 0
     assert "rank 1 failed: stalled: no heartbeat" in err and "(process stopped)" in err
     assert "global step" in err
-    assert job.leftovers() == []
+    assert leftovers == []
 
 
 @pytest.mark.multiprocess
@@ -376,16 +437,12 @@ def _assert_one_job_of_two_nodes(node0, node1):
 
 
 @pytest.mark.multiprocess
-def test_user_error_in_a_rank_is_not_restarted(tmp_path):
-    taken = tmp_path / "user_error" / "ckpt"   # another run's checkpoints: only the ranks look there
-    taken.mkdir(parents=True)
-    (taken / "resnet_tiny_rank0-1_2.ckpt").write_bytes(b"x")
-    job = Job(tmp_path, "user_error", ["-n", "2", "--max_restarts", "2"], SHORT_ARGS)
-    assert job.wait() == 1
-    err = job.stderr()
+def test_user_error_in_a_rank_is_not_restarted(failing_runs):
+    code, err, leftovers = failing_runs["user_error"].result()
+    assert code == 1
     assert "failed: exit code 2" in err and "holds another run's checkpoints" in err  # the rank's error line
     assert "not restarting" in err and "restart 1 of 2" not in err
-    assert job.leftovers() == []
+    assert leftovers == []
 
 
 @pytest.mark.multiprocess
@@ -408,32 +465,16 @@ def test_ctrl_c_to_launcher_stops_at_once_even_after_a_sigterm_and_leaves_nothin
 
 
 @pytest.mark.multiprocess
-def test_mpirun_killed_rank_ends_job_and_retry_loop_resumes(tmp_path):
-    if not shutil.which("mpirun"):
-        pytest.skip("mpirun is not installed")
-    # The mpirun retry loop: rank 1 is killed (SIGKILL) on both attempts.
-    job = Job(tmp_path, "mpirun_retry", ["2"], SHORT_ARGS + ["--max_steps", "100000", "--epochs", "1000"],
-              command=["bash", RETRY_SCRIPT], env={"MAX_RESTARTS": "1"})
-    killed = None
-    for _ in range(2):
-        killed = job.wait_for_beat(1, at_least_step=3, other_than_pid=killed)["pid"]
-        os.kill(killed, signal.SIGKILL)
-    assert job.wait() == 128 + signal.SIGKILL  # mpirun reports the killed rank's signal
-    err = job.stderr()
+def test_mpirun_killed_rank_ends_job_and_retry_loop_resumes(failing_runs):
+    code, err, leftovers, output_dir = failing_runs["mpirun_retry"].result()
+    assert code == 128 + signal.SIGKILL  # mpirun reports the killed rank's signal
     assert err.count("job failed (exit 137); restart 1 of 1 with --resume auto") == 1
     assert "run_distribute_train_retry: FAILED (exit 137)" in err
-    log = open(os.path.join(job.output_dir, "logs", "rank_0.log"), encoding="utf-8").read()
+    log = open(os.path.join(output_dir, "logs", "rank_0.log"), encoding="utf-8").read()
     assert "resume auto:" in log or "resumed from" in log  # the second run was given --resume auto
-    # Both mpirun jobs ended, the scheduler rank 0 started included (its watchdog allows 10 s).
-    assert job.leftovers(settle_s=15) == []
+    assert leftovers == []
 
 
 @pytest.mark.multiprocess
-def test_kill9_of_launcher_leaves_nothing_behind(tmp_path):
-    job = Job(tmp_path, "launcher_kill9", ["-n", "2"], SHORT_ARGS)
-    job.wait_for_beat(0)
-    job.wait_for_beat(1)
-    job.proc.kill()
-    job.proc.wait()
-    # Workers die with the launcher (PR_SET_PDEATHSIG); the scheduler's watchdog allows itself 10 s.
-    assert job.leftovers(settle_s=20) == []
+def test_kill9_of_launcher_leaves_nothing_behind(failing_runs):
+    assert failing_runs["launcher_kill9"].result() == []

@@ -1,6 +1,8 @@
 """Launchers other than msdist.launch, for real: MindSpore's msrun, and plain mpirun's failure reports.
 
-Each test starts real ranks of msdist.train on the tiny config and the shipped mini data set.
+Each test starts real ranks of msdist.train on the tiny config and the shipped mini data set. The runs mostly wait
+(a start-up, a cluster timeout, a late rank), so they start together in one module fixture (`runs`), each from a
+thread of its own, and each test asserts on its run's outcome.
 """
 import json
 import os
@@ -9,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -20,13 +23,17 @@ from msdist.run import checkpoint
 RUN_LIMIT_S = 300
 
 
-@pytest.mark.multiprocess
-@pytest.mark.slow
-def test_msrun_two_workers_form_one_job(tmp_path):
-    """msrun starts the command three times: its scheduler (MS_ROLE=MS_SCHED) and two workers."""
+def _msrun_two_workers(tmp_path) -> tuple:
     out = tmp_path / "run"
     cmd, env = msrun(tmp_path, tiny_args(REAL_DATA, out, "--max_steps", "4"))
-    proc = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    return subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=RUN_LIMIT_S), out
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_msrun_two_workers_form_one_job(runs):
+    """msrun starts the command three times: its scheduler (MS_ROLE=MS_SCHED) and two workers."""
+    proc, out = runs["msrun"].result()
     console = proc.stdout + proc.stderr
     assert proc.returncode == 0, console[-4000:]
     assert console.count("eval result") == 1, console[-4000:]   # msrun tails both workers' logs
@@ -37,24 +44,30 @@ def test_msrun_two_workers_form_one_job(tmp_path):
     assert cores[0] != cores[1], cores
 
 
+def _check_with_a_host_name_then_a_bad_one(_) -> tuple:
+    """(the good run, the bad run, seconds the bad one took)."""
+    cmd = mpirun(2) + ["--bind-to", "none", sys.executable, "-m", "msdist.check"]
+    good = subprocess.run(cmd, cwd=REPO, env={**base_env(), "MS_SCHED_HOST": "localhost"}, capture_output=True,
+                          text=True, timeout=RUN_LIMIT_S)
+    began = time.monotonic()
+    bad = subprocess.run(cmd, cwd=REPO, env={**base_env(), "MS_SCHED_HOST": "no-such-host.invalid"},
+                         capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    return good, bad, time.monotonic() - began
+
+
 @pytest.mark.multiprocess
-def test_mpirun_ms_sched_host_accepts_a_host_name_and_names_a_bad_one():
+def test_mpirun_ms_sched_host_accepts_a_host_name_and_names_a_bad_one(runs):
     """MS_SCHED_HOST=<name> under plain mpirun: resolved once to an IP; an unknown name is one line, fast.
 
     Also msdist.check under `--bind-to none`: each local rank binds to its own cores (it passed no
     local_rank before, so both ranks took the first slice).
     """
-    cmd = mpirun(2) + ["--bind-to", "none", sys.executable, "-m", "msdist.check"]
-    good = subprocess.run(cmd, cwd=REPO, env={**base_env(), "MS_SCHED_HOST": "localhost"}, capture_output=True,
-                          text=True, timeout=RUN_LIMIT_S)
+    good, bad, bad_took = runs["sched_host"].result()
     assert good.returncode == 0, good.stdout[-2000:] + good.stderr[-2000:]
     assert "MS_SCHED_HOST localhost resolves to 127.0.0.1" in good.stderr
     cores = sorted(re.findall(r"cores ([\d,]+|not bound)", good.stdout))
     assert len(cores) == 2 and (cores[0] != cores[1] or os.cpu_count() == 1), good.stdout
-    began = time.monotonic()
-    bad = subprocess.run(cmd, cwd=REPO, env={**base_env(), "MS_SCHED_HOST": "no-such-host.invalid"},
-                         capture_output=True, text=True, timeout=RUN_LIMIT_S)
-    assert bad.returncode != 0 and time.monotonic() - began < 60
+    assert bad.returncode != 0 and bad_took < 60
     assert "msdist: error: MS_SCHED_HOST 'no-such-host.invalid' does not resolve" in bad.stderr, bad.stderr[-2000:]
 
 
@@ -92,15 +105,22 @@ def _last_msdist_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-@pytest.mark.multiprocess
-@pytest.mark.slow
-def test_mpirun_stopped_rank_is_named_by_the_cluster_timeout(tmp_path):
-    """SIGSTOP of rank 1 under plain mpirun: MindSpore's scheduler times it out (MS_NODE_TIMEOUT, shortened
-    to 10 s here), and rank 0 ends the job with one line naming rank 1 and the cause."""
+def _mpirun_with_rank_1_stopped(tmp_path) -> tuple:
     running = _mpirun_train(tmp_path, "stopped", "--max_steps", "100000", "--epochs", "1000",
                             extra_env={"MS_NODE_TIMEOUT": "10"})
-    os.kill(_beat_of(tmp_path / "stopped", 1, 3, running)["pid"], signal.SIGSTOP)
-    proc = _finish(running)
+    try:
+        os.kill(_beat_of(tmp_path / "stopped", 1, 3, running)["pid"], signal.SIGSTOP)
+    finally:
+        proc = _finish(running)
+    return proc, tmp_path
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_mpirun_stopped_rank_is_named_by_the_cluster_timeout(runs):
+    """SIGSTOP of rank 1 under plain mpirun: MindSpore's scheduler times it out (MS_NODE_TIMEOUT, shortened
+    to 10 s here), and rank 0 ends the job with one line naming rank 1 and the cause."""
+    proc, tmp_path = runs["stopped"].result()
     assert proc.returncode != 0
     last = _last_msdist_line(proc.stderr)
     assert "msdist: job failed: rank 1 stopped responding" in last and "MS_NODE_TIMEOUT" in last, proc.stderr[-3000:]
@@ -112,13 +132,17 @@ def test_mpirun_stopped_rank_is_named_by_the_cluster_timeout(tmp_path):
     assert len(sched) == 1 and "worker 1 is the first one timed out" in sched[0], sched
 
 
+def _mpirun_with_rank_1_raising(tmp_path) -> subprocess.CompletedProcess:
+    os.makedirs(tmp_path / "raised" / "ckpt" / f".{checkpoint.file_name('resnet_tiny', 1, 1, 12)}.tmp.ckpt")
+    return _finish(_mpirun_train(tmp_path, "raised", "--max_steps", "30"))
+
+
 @pytest.mark.multiprocess
-def test_mpirun_failed_rank_is_named(tmp_path):
+def test_mpirun_failed_rank_is_named(runs):
     """An exception in rank 1 (a directory where it writes its first checkpoint): the last msdist line
     says which rank and what. (kill -9: mpirun names the rank itself, checked by
     test_launch.py::test_mpirun_killed_rank_ends_job_and_retry_loop_resumes.)"""
-    os.makedirs(tmp_path / "raised" / "ckpt" / f".{checkpoint.file_name('resnet_tiny', 1, 1, 12)}.tmp.ckpt")
-    proc = _finish(_mpirun_train(tmp_path, "raised", "--max_steps", "30"))
+    proc = runs["raised"].result()
     assert proc.returncode != 0
     last = _last_msdist_line(proc.stderr)
     assert "IsADirectoryError: For 'save_checkpoint'" in last and "(rank 1)" in last, proc.stderr[-3000:]
@@ -136,11 +160,7 @@ print(f"rank {dist.rank} sum {total:g}", flush=True)
 """
 
 
-@pytest.mark.multiprocess
-def test_a_collective_waits_for_a_rank_still_compiling_longer_than_ms_node_timeout(tmp_path):
-    """MindSpore's CPU collectives wait for a peer only MS_NODE_TIMEOUT s; a rank that compiles 12 s longer
-    than another (MS_NODE_TIMEOUT=6, kept short for the scheduler's dead-rank detection) must not fail the job.
-    Two srun-style ranks (msdist's cluster bridge: rank 0 starts the scheduler), real MindSpore processes."""
+def _srun_style_ranks_one_late(tmp_path) -> tuple:
     port = str(free_port())
     procs = []
     for rank in (0, 1):
@@ -149,7 +169,32 @@ def test_a_collective_waits_for_a_rank_still_compiling_longer_than_ms_node_timeo
                "MS_SCHED_PORT": port, "MS_NODE_TIMEOUT": "6"}
         procs.append(subprocess.Popen([sys.executable, "-c", _LATE_RANK, str(tmp_path)], cwd=str(tmp_path), env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [p.communicate(timeout=RUN_LIMIT_S)[0] for p in procs]
+    try:
+        outputs = [p.communicate(timeout=RUN_LIMIT_S)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return procs, outputs
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every run of this file, started at once and all ended before a test looks."""
+    started = {"msrun": _msrun_two_workers, "sched_host": _check_with_a_host_name_then_a_bad_one,
+               "stopped": _mpirun_with_rank_1_stopped, "raised": _mpirun_with_rank_1_raising,
+               "late": _srun_style_ranks_one_late}
+    with ThreadPoolExecutor(max_workers=len(started)) as pool:
+        ended = {name: pool.submit(run, tmp_path_factory.mktemp(name)) for name, run in started.items()}
+    return ended
+
+
+@pytest.mark.multiprocess
+def test_a_collective_waits_for_a_rank_still_compiling_longer_than_ms_node_timeout(runs):
+    """MindSpore's CPU collectives wait for a peer only MS_NODE_TIMEOUT s; a rank that compiles 12 s longer
+    than another (MS_NODE_TIMEOUT=6, kept short for the scheduler's dead-rank detection) must not fail the job.
+    Two srun-style ranks (msdist's cluster bridge: rank 0 starts the scheduler), real MindSpore processes."""
+    procs, outputs = runs["late"].result()
     for rank, (proc, output) in enumerate(zip(procs, outputs)):
         assert proc.returncode == 0, output[-3000:]
         assert f"rank {rank} sum 3" in output, output[-3000:]

@@ -1,7 +1,11 @@
 """Stall detection with real stuck ranks under mpirun, msdist.launch, msrun and srun-style ranks.
 
 The real runs freeze only the main thread of one rank from outside (tests/faults.py: ptrace), so its
-heartbeat and watchdog threads keep running, the way a rank stuck in a collective or a dead read looks."""
+heartbeat and watchdog threads keep running, the way a rank stuck in a collective or a dead read looks.
+
+The three runs that end by a stuck rank under mpirun, msrun and srun-style ranks mostly wait (a start-up, then
+the stall limit): they start together in one module fixture (`stuck`), each its fault from a thread of its own,
+and each test asserts on its run's outcome."""
 import json
 import os
 import re
@@ -9,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -71,18 +76,74 @@ def _failure_record(log_dir) -> dict:
         return json.load(f)
 
 
-@pytest.mark.multiprocess
-@pytest.mark.slow
-def test_mpirun_rank_with_a_stuck_main_thread_ends_the_job_named(tmp_path):
-    """Rank 1's main thread frozen (its heartbeat and watchdog threads run on): the watchdog inside the
-    ranks ends the mpirun job within the stall timeout + 30 s, with one console line naming rank 1."""
+def _mpirun_with_rank_1_frozen(tmp_path) -> tuple:
+    """(the job's exit status, its stderr, seconds from the freeze to its end, its output dir)."""
     out = tmp_path / "run"
     proc = subprocess.Popen(mpirun(2) + [sys.executable, "-m", "msdist.train",
                                          *tiny_args(REAL_DATA, out, *LONG_RUN, "--stall_timeout", STALL_S)],
                             cwd=str(tmp_path), env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     _, err, took = _freeze_rank_1_until_the_job_ends(proc, out)
-    assert proc.returncode != 0
+    return proc.returncode, err, took, out
+
+
+def _msrun_with_rank_1_frozen(tmp_path) -> tuple:
+    """(the job's exit status, its console, its stderr, seconds from the freeze to its end, its output dir)."""
+    out = tmp_path / "run"
+    cmd, env = msrun(tmp_path, tiny_args(REAL_DATA, out, *LONG_RUN, "--stall_timeout", STALL_S))
+    proc = subprocess.Popen(cmd,
+                            cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    console, err, took = _freeze_rank_1_until_the_job_ends(proc, out)
+    return proc.returncode, console, err, took, out
+
+
+def _srun_style_ranks_with_a_fifo_in_their_data(tmp_path) -> tuple:
+    """Two ranks started the way srun starts them; once rank 1 trains, one training image becomes a FIFO nobody
+    writes. (Both ranks' exit statuses, their stderr, the output dir.)"""
+    data = _tree_with_a_big_test_split(tmp_path / "data", copies=1)
+    out = tmp_path / "run"
+    port = str(free_port())
+    procs = []
+    for rank in (0, 1):
+        env = {**base_env(), "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "1", "SLURM_NTASKS": "2", "SLURM_PROCID": str(rank),
+               "SLURM_LOCALID": str(rank), "SLURM_NTASKS_PER_NODE": "2", "MS_SCHED_HOST": "127.0.0.1",
+               "MS_SCHED_PORT": port}
+        procs.append(subprocess.Popen([sys.executable, "-m", "msdist.train",
+                                       *tiny_args(data, out, *LONG_RUN, "--stall_timeout", STALL_S)],
+                                      cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    try:
+        _wait_for_beat(out / "logs", 1, 3, procs[1])
+        folder = os.path.join(data, "Training", sorted(os.listdir(os.path.join(data, "Training")))[0])
+        victim = os.path.join(folder, sorted(os.listdir(folder))[0])
+        os.remove(victim)
+        os.mkfifo(victim)
+        errs = [p.communicate(timeout=STALL_S + 30 + 60)[1] for p in procs]   # + 60: epochs until it is read
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return [p.returncode for p in procs], errs, out
+
+
+@pytest.fixture(scope="module")
+def stuck(tmp_path_factory):
+    """The runs that end by a stuck rank, started at once (each waits out its start-up and the stall limit), all
+    ended before the first test looks: none runs on beside another test's job."""
+    runs = {"mpirun": _mpirun_with_rank_1_frozen, "msrun": _msrun_with_rank_1_frozen,
+            "srun": _srun_style_ranks_with_a_fifo_in_their_data}
+    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+        ended = {name: pool.submit(run, tmp_path_factory.mktemp(name)) for name, run in runs.items()}
+    return ended
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_mpirun_rank_with_a_stuck_main_thread_ends_the_job_named(stuck):
+    """Rank 1's main thread frozen (its heartbeat and watchdog threads run on): the watchdog inside the
+    ranks ends the mpirun job within the stall timeout + 30 s, with one console line naming rank 1."""
+    returncode, err, took, out = stuck["mpirun"].result()
+    assert returncode != 0
     assert took < STALL_S + 30, f"the job took {took:.0f} s to end"
     named = [line for line in err.splitlines() if line.startswith("msdist: job failed: rank 1 (host ")]
     assert len(named) == 1 and "stuck in " in named[0] and RANK_0_WAITS.search(named[0]), err[-3000:]
@@ -204,16 +265,12 @@ def test_no_false_alarm_for_long_phases_and_a_slow_but_progressing_rank(tmp_path
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_msrun_rank_with_a_stuck_main_thread_ends_the_job(tmp_path):
+def test_msrun_rank_with_a_stuck_main_thread_ends_the_job(stuck):
     """The same frozen main thread under MindSpore's msrun: the watchdog inside the ranks ends the job."""
-    out = tmp_path / "run"
-    cmd, env = msrun(tmp_path, tiny_args(REAL_DATA, out, *LONG_RUN, "--stall_timeout", STALL_S))
-    proc = subprocess.Popen(cmd,
-                            cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    console, err, took = _freeze_rank_1_until_the_job_ends(proc, out)
-    assert proc.returncode != 0 and took < STALL_S + 30, (took, err[-3000:])
+    returncode, console, err, took, out = stuck["msrun"].result()
+    assert returncode != 0 and took < STALL_S + 30, (took, err[-3000:])
     # msrun writes each worker's output to its log (its console follows them, but may stop before the end).
-    with open(tmp_path / "msrun_logs" / "worker_0.log", encoding="utf-8", errors="replace") as f:
+    with open(out.parent / "msrun_logs" / "worker_0.log", encoding="utf-8", errors="replace") as f:
         assert "msdist: job failed: rank 1 (host " in f.read(), console[-3000:]
     record = _failure_record(out / "logs")
     assert record["rank"] == 1 and record["kind"] == "stall" and FROZEN in record["message"], record
@@ -222,35 +279,13 @@ def test_msrun_rank_with_a_stuck_main_thread_ends_the_job(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_srun_style_ranks_with_a_reader_stuck_on_a_fifo_each_end_by_themselves(tmp_path):
+def test_srun_style_ranks_with_a_reader_stuck_on_a_fifo_each_end_by_themselves(stuck):
     """Two ranks started the way srun starts them (its variables, and no launcher that would tear the
     others down). One training image becomes a FIFO nobody writes, after the start-up data check: the rank
     whose shard holds it blocks in its reader (open() never returns). Both ranks end by themselves, and
     rank 0 prints the line naming the stuck rank `in data wait`."""
-    data = _tree_with_a_big_test_split(tmp_path / "data", copies=1)
-    out = tmp_path / "run"
-    port = str(free_port())
-    procs = []
-    for rank in (0, 1):
-        env = {**base_env(), "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "1", "SLURM_NTASKS": "2", "SLURM_PROCID": str(rank),
-               "SLURM_LOCALID": str(rank), "SLURM_NTASKS_PER_NODE": "2", "MS_SCHED_HOST": "127.0.0.1",
-               "MS_SCHED_PORT": port}
-        procs.append(subprocess.Popen([sys.executable, "-m", "msdist.train",
-                                       *tiny_args(data, out, *LONG_RUN, "--stall_timeout", STALL_S)],
-                                      cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
-    try:
-        _wait_for_beat(out / "logs", 1, 3, procs[1])
-        folder = os.path.join(data, "Training", sorted(os.listdir(os.path.join(data, "Training")))[0])
-        victim = os.path.join(folder, sorted(os.listdir(folder))[0])
-        os.remove(victim)
-        os.mkfifo(victim)
-        errs = [p.communicate(timeout=STALL_S + 30 + 60)[1] for p in procs]   # + 60: epochs until it is read
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert [p.returncode for p in procs] == [1, 1], errs[0][-2000:]
+    returncodes, errs, out = stuck["srun"].result()
+    assert returncodes == [1, 1], errs[0][-2000:]
     named = [line for line in errs[0].splitlines() if line.startswith("msdist: job failed: rank ")]
     assert len(named) == 1 and "stuck in data wait at step" in named[0], errs[0][-3000:]
     assert "job failed" not in errs[1]

@@ -3,7 +3,8 @@ first step, a clean 200 with nothing to save. Repeats are the same request; the 
 were started.
 
 Real processes throughout: msdist.launch jobs of the tiny model on 2 ranks, and mpirun under the relay as Slurm
-signals it (every process of the step at once).
+signals it (every process of the step at once). The phases whose checkpoint has no time bound to meet start
+together in one module fixture (`unbounded_phases`); the two with a bound (first step, checkpoint write) run alone.
 """
 import os
 import re
@@ -11,6 +12,7 @@ import shutil
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -126,12 +128,40 @@ _PHASES = {
 }
 
 
+# Signalled where `_assert_saved_or_nothing_to_save` asks for no time bound: their jobs may run beside each other.
+_UNBOUNDED = ("start-up", "compile", "evaluation", "restart")
+
+
+def _signalled_in(tmp, phase: str) -> Job:
+    """A job signalled in `phase`, once it ended."""
+    launcher = ["-n", "2"] + (["--max_restarts", "1"] if phase == "restart" else [])
+    job = Job(tmp, phase.replace(" ", "_"), launcher, ARGS)
+    try:
+        _PHASES[phase](job)
+        job.wait()
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+            job.proc.wait()
+    return job
+
+
+@pytest.fixture(scope="module")
+def unbounded_phases(tmp_path_factory):
+    """The jobs signalled in the phases with no time bound, started at once and all ended before a test looks."""
+    with ThreadPoolExecutor(max_workers=len(_UNBOUNDED)) as pool:
+        ended = {phase: pool.submit(_signalled_in, tmp_path_factory.mktemp(phase.replace(" ", "_")), phase)
+                 for phase in _UNBOUNDED}
+    return ended
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("phase", list(_PHASES))
-def test_sigterm_to_launch_in_any_phase_ends_with_a_complete_checkpoint_and_200(tmp_path, phase):
-    launcher = ["-n", "2"] + (["--max_restarts", "1"] if phase == "restart" else [])
-    job = Job(tmp_path, phase.replace(" ", "_"), launcher, ARGS)
-    _PHASES[phase](job)
+def test_sigterm_to_launch_in_any_phase_ends_with_a_complete_checkpoint_and_200(tmp_path, phase, request):
+    if phase in _UNBOUNDED:
+        job = request.getfixturevalue("unbounded_phases")[phase].result()
+    else:
+        job = _signalled_in(tmp_path, phase)
     _assert_saved_or_nothing_to_save(job, phase)
 
 

@@ -3,7 +3,9 @@ respawned under msdist.launch, the job ended with exit status 42 under mpirun; a
 made ranks miss their registration now comes after the join.
 
 The race itself hits about one launch in four, so no test can fail reliably on it; these runs hold one
-rank back before it registers instead (tests/hold_registration/sitecustomize.py, on PYTHONPATH).
+rank back before it registers instead (tests/hold_registration/sitecustomize.py, on PYTHONPATH), in MindSpore's
+`init()` where the race leaves it: past the local ranks' start-up exchange, which a rank held any earlier would keep
+the others waiting in for its 60 s (msdist.rank.local_exchange), before they can even register.
 benchmarks/startup_latency.py measures the race over many launches.
 """
 import json
@@ -59,6 +61,7 @@ def _held_env(tmp_path, rank: int) -> dict:
     env = base_env()
     env["PYTHONPATH"] = HOLD_DIR + os.pathsep + env["PYTHONPATH"]
     env["MSDIST_TEST_HOLD"] = f"{rank}:{HOLD_S}:{tmp_path / 'held'}"
+    env["MSDIST_TEST_HOLD_AT"] = "join"
     return env
 
 
@@ -68,6 +71,8 @@ def _named_lines(console: str) -> list:
 
 @pytest.mark.multiprocess
 def test_launch_names_a_rank_held_before_it_registers_and_respawns_it(tmp_path):
+    """The respawn skips the start-up exchange its local ranks ended long ago (it waited 60 s there, missed its
+    registration again, and the job failed after the second respawn)."""
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "msdist.launch", "-n", "2",
                            *tiny_args(REAL_DATA, out, "--max_steps", 2, "--stall_register_timeout", REGISTER_WAIT_S)],
