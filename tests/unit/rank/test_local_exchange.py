@@ -39,6 +39,11 @@ SCHED = {"MS_SCHED_HOST": "10.0.0.1", "MS_SCHED_PORT": "29500"}
     ("srun", "4242.0", {}, "4242.0"),
     ("msdist.launch", "", SCHED, "10.0.0.1-29500"),
     ("msrun", "", SCHED, "10.0.0.1-29500"),
+    # Per node: nodes sharing a temp directory (containers, namespaces, several nodes on one host) meet apart.
+    ("msdist.launch", "", {**SCHED, "MS_NODE_ID": "5", "MSDIST_LOCAL_RANK": "1"}, "10.0.0.1-29500-node4"),
+    ("msrun", "", {**SCHED, "MS_NODE_ID": "3", "DEVICE_ID": "1"}, "10.0.0.1-29500-node2"),
+    # A rank respawned because it missed its registration: its peers left the exchange long ago.
+    ("msdist.launch", "", {**SCHED, "MSDIST_RESPAWNED": "1"}, ""),
     ("msrun", "", {}, ""),                       # no scheduler address: nothing unique to meet under
     ("env", "", SCHED, ""),                      # set by hand: every rank counts as local, across hosts too
     ("", "", SCHED, ""),                         # standalone
