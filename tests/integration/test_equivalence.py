@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -36,13 +37,25 @@ def _final_params(output_dir, rank=0):
     return load_params(checkpoints(output_dir, rank)[-1])
 
 
+SYNC = ("--sync_bn", "true")
+# name -> (options, ranks): the proof's four runs and the two short checks below. They all start at once: most of a
+# short multi-rank run is start-up and exit, which overlap, and each computes what it computes alone (deterministic
+# kernels, its ranks' threads sized by its own job).
+RUNS = {"1p": (SETUP, 1), "2p_sync": (SETUP + SYNC, 2), "4p_sync": (SETUP + SYNC, 4), "2p_plain": (SETUP, 2),
+        "amp_o2": (SYNC + ("--amp_level", "O2", "--max_steps", 2, "--epochs", 1), 2),
+        "dist_bn": (("--epochs", 1, "--max_steps", 3), 2)}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, data_dir):
     root = tmp_path_factory.mktemp("equiv")
-    run_msdist("train", tiny_args(data_dir, root / "1p", *SETUP))
-    run_msdist("train", tiny_args(data_dir, root / "2p_sync", *SETUP, "--sync_bn", "true"), ranks=2)
-    run_msdist("train", tiny_args(data_dir, root / "4p_sync", *SETUP, "--sync_bn", "true"), ranks=4, timeout=600)
-    run_msdist("train", tiny_args(data_dir, root / "2p_plain", *SETUP), ranks=2)
+
+    def run(name):
+        options, ranks = RUNS[name]
+        run_msdist("train", tiny_args(data_dir, root / name, *options), ranks=ranks, timeout=600)
+
+    with ThreadPoolExecutor(max_workers=len(RUNS)) as pool:
+        list(pool.map(run, RUNS))
     return root
 
 
@@ -77,21 +90,26 @@ def test_plain_bn_data_parallel_differs_from_single_card(runs):
 def test_diverged_replicas_fail_loudly(data_dir, tmp_path):
     """Ranks started with different seeds hold different initial weights: the start checksum catches it;
     replicas that drift apart later are caught by the checksum at the next checkpoint."""
-    cmd = mpirun(1) + [sys.executable, "-m", "msdist.train"] + tiny_args(data_dir, tmp_path, "--seed", 1) + \
-        [":", "-n", "1", sys.executable, "-m", "msdist.train"] + tiny_args(data_dir, tmp_path, "--seed", 2)
-    proc = subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0
-    assert "parameters differ across ranks at start" in proc.stderr
+    out = tmp_path / "drift"
+    seeds = _two_rank_job(*(tiny_args(data_dir, tmp_path / "seeds", "--seed", seed) for seed in (1, 2)))
     # Same seed, so the start check passes; a different lr on rank 1 makes the replicas drift apart
     # during training, and the checksum taken before the checkpoint is written stops the job.
-    out = tmp_path / "drift"
-    cmd = mpirun(1) + [sys.executable, "-m", "msdist.train"] + tiny_args(data_dir, out, "--max_steps", 2) + \
-        [":", "-n", "1", sys.executable, "-m", "msdist.train"] + tiny_args(data_dir, out, "--max_steps", 2,
-                                                                          "--lr", 0.5)
-    proc = subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0
-    assert "parameters differ across ranks at epoch 1 step 2" in proc.stderr
+    drift = _two_rank_job(tiny_args(data_dir, out, "--max_steps", 2), tiny_args(data_dir, out, "--max_steps", 2,
+                                                                                  "--lr", 0.5))
+    with ThreadPoolExecutor(max_workers=2) as pool:  # independent jobs: their start-ups overlap
+        seeds, drift = pool.map(lambda cmd: subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True,
+                                                           text=True, timeout=300), (seeds, drift))
+    assert seeds.returncode != 0
+    assert "parameters differ across ranks at start" in seeds.stderr
+    assert drift.returncode != 0
+    assert "parameters differ across ranks at epoch 1 step 2" in drift.stderr
     assert not list((out / "ckpt").glob("*.ckpt"))  # no checkpoint of a diverged run
+
+
+def _two_rank_job(rank0_args: list, rank1_args: list) -> list:
+    """`mpirun` of one msdist.train rank with each argument list."""
+    return mpirun(1) + [sys.executable, "-m", "msdist.train"] + rank0_args + \
+        [":", "-n", "1", sys.executable, "-m", "msdist.train"] + rank1_args
 
 
 # ---------------------------------------------------------------- ResNet-18, tie-free images, with the control
@@ -183,10 +201,8 @@ def test_resnet18_sync_bn_equals_single_card_next_to_the_floor(r18, ranks, step)
 
 
 @pytest.mark.multiprocess
-def test_sync_bn_amp_o2_trains_on_two_ranks(data_dir, tmp_path):
-    run_msdist("train", tiny_args(data_dir, tmp_path, "--sync_bn", "true", "--amp_level", "O2", "--max_steps", 2,
-                                  "--epochs", 1), ranks=2)
-    ranks = [load_params(checkpoints(tmp_path, r)[-1]) for r in (0, 1)]
+def test_sync_bn_amp_o2_trains_on_two_ranks(runs):
+    ranks = [load_params(checkpoints(runs / "amp_o2", r)[-1]) for r in (0, 1)]
     assert all(np.isfinite(v).all() for v in ranks[0].values())
     assert all(np.array_equal(ranks[0][n], ranks[1][n]) for n in ranks[0])
 
@@ -195,12 +211,11 @@ def test_sync_bn_amp_o2_trains_on_two_ranks(data_dir, tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_dist_bn_reduce_makes_one_model_that_eval_reproduces(data_dir, tmp_path):
+def test_dist_bn_reduce_makes_one_model_that_eval_reproduces(runs, data_dir, tmp_path):
     """Without sync_bn each rank's running statistics follow its own shard; --dist_bn reduce (the default)
     averages them before every checkpoint and evaluation, so both ranks save the same tensors and the
     rank-0 checkpoint, evaluated alone, gives result.json's numbers."""
-    out = tmp_path / "train"
-    run_msdist("train", tiny_args(data_dir, out, "--epochs", 1, "--max_steps", 3), ranks=2)
+    out = runs / "dist_bn"
     rank0, rank1 = (load_params(checkpoints(out, r)[-1], include_state=True) for r in (0, 1))
     assert rank0.keys() == rank1.keys() and any("moving_mean" in n for n in rank0)
     assert [n for n in rank0 if not np.array_equal(rank0[n], rank1[n])] == []
