@@ -3,9 +3,9 @@
 Two proofs. resnet_tiny at 32 px on the shipped photos (below). ResNet-18 at 56 px on tie-free images
 (the shipped photos with per-pixel noise, PNG), where every gap is reported next to its control: the
 same single-card steps with MindSpore's fused BatchNorm vs msdist's BatchNorm (own statistics), measured in
-a process set up as a 1-rank run (benchmarks/control.py). Without the noise, Fruits-360's uniform white backgrounds make thousands
-of pre-activations tie, and one rounding decision flips them all: two correct single-card
-implementations then already disagree by ~1e-2 (docs/equivalence.md).
+a process set up as a 1-rank run (benchmarks/control.py). Without the noise, Fruits-360's uniform white
+backgrounds make thousands of pre-activations tie, and one rounding decision flips them all: two correct
+single-card implementations then already disagree by ~1e-2 (docs/equivalence.md).
 
 Set-up of the proof: same seed, `--deterministic true --augment false`, shuffling ON (the sampler
 must still deal each single-card batch out over the ranks), global batch 16, a learning rate in the
@@ -116,9 +116,9 @@ def _two_rank_job(rank0_args: list, rank1_args: list) -> list:
 
 R18_STEPS = (1, 10)  # 16 training images, global batch 16: one step per epoch, a checkpoint after each
 # These 16 images are memorized within a few steps, and then the two single-card BatchNorms themselves drift
-# apart (measured control after step 1: 3.2e-6 on one host, 2.9e-2 on another; after step 10 6.0e-2 to 3.6e-1,
-# and 1.1e-1 at lr 0.0005, so a smaller lr does not help; docs/equivalence.md). After step 1 the bound is
-# absolute; after step 10 it is 1e-4 or, where the control itself is further apart, twice the control.
+# apart (measured control after step 1: 3.2e-6; after step 10 3.2e-2 to 6.0e-2 (2.9e-2 and 3.6e-1 where it ran
+# oneDNN's default ISA), and 1.1e-1 at lr 0.0005, so a smaller lr does not help; docs/equivalence.md). After step
+# 1 the bound is absolute; after step 10 it is 1e-4 or, where the control itself is further apart, twice the control.
 R18_LR = 0.005
 R18_SETUP = ("--model", "resnet18", "--image_size", 56, "--epochs", R18_STEPS[-1], "--save_every_epochs", 1,
              "--keep_checkpoint_max", R18_STEPS[-1], "--augment", "false", "--shuffle", "true",
