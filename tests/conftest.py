@@ -35,6 +35,21 @@ OLD_OPTIONS = ("--epochs", 2, "--deterministic", "true", "--log_every", 1, "--lo
 INTEGRATION = os.path.join(REPO, "tests", "integration")
 
 
+def _dispatch_onednn_as_a_rank_does():
+    """This process's oneDNN kernels are the ones msdist's ranks run (runtime.choose_cpu_isa: the environment, else
+    the probed and cached best ISA): on some CPUs oneDNN's default is a reference kernel, ~6x slower and rounding
+    otherwise (AMD EPYC here, msdist/rank/isa_probe.py), which every test training or comparing in this process
+    would run. oneDNN reads the variable at its first primitive; putenv leaves os.environ, from which the tests
+    build the environments of the processes they start, as it was: those choose for themselves."""
+    from msdist.rank import runtime
+    isa, _ = runtime.choose_cpu_isa("auto")
+    if isa:
+        os.putenv("ONEDNN_MAX_CPU_ISA", isa)
+
+
+_dispatch_onednn_as_a_rank_does()
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marker must be there when it looks
 def pytest_collection_modifyitems(items):
     """Every test in tests/integration starts real processes (msdist faces, mpirun, msdist.launch, msrun,

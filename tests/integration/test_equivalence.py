@@ -3,9 +3,9 @@
 Two proofs. resnet_tiny at 32 px on the shipped photos (below). ResNet-18 at 56 px on tie-free images
 (the shipped photos with per-pixel noise, PNG), where every gap is reported next to its control: the
 same single-card steps with MindSpore's fused BatchNorm vs msdist's BatchNorm (own statistics), measured in
-this process (benchmarks/control.py). Without the noise, Fruits-360's uniform white backgrounds make thousands
-of pre-activations tie, and one rounding decision flips them all: two correct single-card
-implementations then already disagree by ~1e-2 (docs/equivalence.md).
+a process set up as a 1-rank run (benchmarks/control.py). Without the noise, Fruits-360's uniform white
+backgrounds make thousands of pre-activations tie, and one rounding decision flips them all: two correct
+single-card implementations then already disagree by ~1e-2 (docs/equivalence.md).
 
 Set-up of the proof: same seed, `--deterministic true --augment false`, shuffling ON (the sampler
 must still deal each single-card batch out over the ranks), global batch 16, a learning rate in the
@@ -16,13 +16,16 @@ relative to that tensor's own scale (max |value|); measured here: under 1e-6 wit
 without it.
 """
 import glob
+import json
 import os
+import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from conftest import REPO, checkpoints, load_params, run_msdist, tiny_args, worst_relative_gap
+from conftest import REPO, base_env, checkpoints, load_params, mpirun, run_msdist, tiny_args, worst_relative_gap
 
 
 STEPS = 12
@@ -34,13 +37,25 @@ def _final_params(output_dir, rank=0):
     return load_params(checkpoints(output_dir, rank)[-1])
 
 
+SYNC = ("--sync_bn", "true")
+# name -> (options, ranks): the proof's four runs and the two short checks below. They all start at once: most of a
+# short multi-rank run is start-up and exit, which overlap, and each computes what it computes alone (deterministic
+# kernels, its ranks' threads sized by its own job).
+RUNS = {"1p": (SETUP, 1), "2p_sync": (SETUP + SYNC, 2), "4p_sync": (SETUP + SYNC, 4), "2p_plain": (SETUP, 2),
+        "amp_o2": (SYNC + ("--amp_level", "O2", "--max_steps", 2, "--epochs", 1), 2),
+        "dist_bn": (("--epochs", 1, "--max_steps", 3), 2)}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, data_dir):
     root = tmp_path_factory.mktemp("equiv")
-    run_msdist("train", tiny_args(data_dir, root / "1p", *SETUP))
-    run_msdist("train", tiny_args(data_dir, root / "2p_sync", *SETUP, "--sync_bn", "true"), ranks=2)
-    run_msdist("train", tiny_args(data_dir, root / "4p_sync", *SETUP, "--sync_bn", "true"), ranks=4, timeout=600)
-    run_msdist("train", tiny_args(data_dir, root / "2p_plain", *SETUP), ranks=2)
+
+    def run(name):
+        options, ranks = RUNS[name]
+        run_msdist("train", tiny_args(data_dir, root / name, *options), ranks=ranks, timeout=600)
+
+    with ThreadPoolExecutor(max_workers=len(RUNS)) as pool:
+        list(pool.map(run, RUNS))
     return root
 
 
@@ -75,32 +90,35 @@ def test_plain_bn_data_parallel_differs_from_single_card(runs):
 def test_diverged_replicas_fail_loudly(data_dir, tmp_path):
     """Ranks started with different seeds hold different initial weights: the start checksum catches it;
     replicas that drift apart later are caught by the checksum at the next checkpoint."""
-    import subprocess
-    from conftest import base_env, mpirun
-    cmd = mpirun(1) + [sys.executable, "-m", "msdist.train"] + tiny_args(data_dir, tmp_path, "--seed", 1) + \
-        [":", "-n", "1", sys.executable, "-m", "msdist.train"] + tiny_args(data_dir, tmp_path, "--seed", 2)
-    proc = subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0
-    assert "parameters differ across ranks at start" in proc.stderr
+    out = tmp_path / "drift"
+    seeds = _two_rank_job(*(tiny_args(data_dir, tmp_path / "seeds", "--seed", seed) for seed in (1, 2)))
     # Same seed, so the start check passes; a different lr on rank 1 makes the replicas drift apart
     # during training, and the checksum taken before the checkpoint is written stops the job.
-    out = tmp_path / "drift"
-    cmd = mpirun(1) + [sys.executable, "-m", "msdist.train"] + tiny_args(data_dir, out, "--max_steps", 2) + \
-        [":", "-n", "1", sys.executable, "-m", "msdist.train"] + tiny_args(data_dir, out, "--max_steps", 2,
-                                                                          "--lr", 0.5)
-    proc = subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0
-    assert "parameters differ across ranks at epoch 1 step 2" in proc.stderr
+    drift = _two_rank_job(tiny_args(data_dir, out, "--max_steps", 2), tiny_args(data_dir, out, "--max_steps", 2,
+                                                                                  "--lr", 0.5))
+    with ThreadPoolExecutor(max_workers=2) as pool:  # independent jobs: their start-ups overlap
+        seeds, drift = pool.map(lambda cmd: subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True,
+                                                           text=True, timeout=300), (seeds, drift))
+    assert seeds.returncode != 0
+    assert "parameters differ across ranks at start" in seeds.stderr
+    assert drift.returncode != 0
+    assert "parameters differ across ranks at epoch 1 step 2" in drift.stderr
     assert not list((out / "ckpt").glob("*.ckpt"))  # no checkpoint of a diverged run
+
+
+def _two_rank_job(rank0_args: list, rank1_args: list) -> list:
+    """`mpirun` of one msdist.train rank with each argument list."""
+    return mpirun(1) + [sys.executable, "-m", "msdist.train"] + rank0_args + \
+        [":", "-n", "1", sys.executable, "-m", "msdist.train"] + rank1_args
 
 
 # ---------------------------------------------------------------- ResNet-18, tie-free images, with the control
 
 R18_STEPS = (1, 10)  # 16 training images, global batch 16: one step per epoch, a checkpoint after each
 # These 16 images are memorized within a few steps, and then the two single-card BatchNorms themselves drift
-# apart (measured control after step 1: 3.2e-6 on one host, 2.9e-2 on another; after step 10 6.0e-2 to 3.6e-1,
-# and 1.1e-1 at lr 0.0005, so a smaller lr does not help; docs/equivalence.md). After step 1 the bound is
-# absolute; after step 10 it is 1e-4 or, where the control itself is further apart, twice the control.
+# apart (measured control after step 1: 3.2e-6; after step 10 3.2e-2 to 6.0e-2 (2.9e-2 and 3.6e-1 where it ran
+# oneDNN's default ISA), and 1.1e-1 at lr 0.0005, so a smaller lr does not help; docs/equivalence.md). After step
+# 1 the bound is absolute; after step 10 it is 1e-4 or, where the control itself is further apart, twice the control.
 R18_LR = 0.005
 R18_SETUP = ("--model", "resnet18", "--image_size", 56, "--epochs", R18_STEPS[-1], "--save_every_epochs", 1,
              "--keep_checkpoint_max", R18_STEPS[-1], "--augment", "false", "--shuffle", "true",
@@ -124,22 +142,52 @@ def _state_at(output_dir, rank: int, step: int) -> dict:
 @pytest.fixture(scope="module")
 def r18(tmp_path_factory, data_dir):
     """1 card, 2 and 4 ranks with sync_bn, and the in-process single-card control."""
-    import mindspore as ms
-    from benchmarks import control
     from msdist.data import synth
     root = tmp_path_factory.mktemp("r18")
     images = root / "tie-free"
     synth.tie_free_copy(data_dir, str(images), per_class={"Training": 4, "Test": 1})
-    for name, ranks in (("1p", 1), ("2p", 2), ("4p", 4)):
-        extra = ("--sync_bn", "true") if ranks > 1 else ()
+
+    def run(ranks):
+        name, extra = f"{ranks}p", SYNC if ranks > 1 else ()
         run_msdist("train", tiny_args(images, root / name, *R18_SETUP, *extra), ranks=ranks, timeout=900)
         for f in glob.glob(str(root / name / "ckpt" / "*.ckpt")):  # ~90 MB each: keep the compared ones
             if not any(f"-{s}_" in os.path.basename(f) for s in R18_STEPS):
                 os.remove(f)
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU", deterministic="ON")
-    states = control.single_card_states(str(images), "resnet18", 56, 16, R18_STEPS, lr=R18_LR, seed=1)
-    floor = {s: worst_relative_gap(states["mindspore"][i], states["msdist"][i]) for i, s in enumerate(R18_STEPS)}
-    return root, floor
+
+    with ThreadPoolExecutor(max_workers=4) as pool:  # independent processes: start-ups and waits overlap
+        floor = pool.submit(_control_floor, images)
+        list(pool.map(run, (1, 2, 4)))
+        return root, floor.result()
+
+
+# The control trains in a process of its own, set up as a 1-rank msdist.train is (runtime.prepare, before MindSpore
+# loads: oneDNN's ISA cap and the kernel threads), so that its MindSpore-BatchNorm arm is the 1-card run bit for bit
+# (measured: gap 0.0 at steps 1 and 10). In pytest's own process oneDNN keeps its default ISA, which on some CPUs
+# (AMD EPYC, msdist/rank/isa_probe.py) is a reference kernel with other roundings, ~6x slower: there the control
+# took 170 s instead of 30 s and measured another computation than the one it is the floor of.
+_CONTROL = """
+import json, sys
+from msdist.rank import runtime
+runtime.prepare()
+import mindspore as ms
+from benchmarks import control
+from conftest import worst_relative_gap
+images, steps, lr = sys.argv[1], [int(s) for s in sys.argv[2].split(",")], float(sys.argv[3])
+ms.set_device("CPU")
+ms.set_context(mode=ms.GRAPH_MODE, deterministic="ON")
+states = control.single_card_states(images, "resnet18", 56, 16, steps, lr=lr, seed=1)
+print(json.dumps([worst_relative_gap(states["mindspore"][i], states["msdist"][i]) for i in range(len(steps))]))
+"""
+
+
+def _control_floor(images) -> dict:
+    """step -> the gap between MindSpore's and msdist's BatchNorm on one card (benchmarks/control.py)."""
+    env = base_env()
+    env["PYTHONPATH"] += os.pathsep + os.path.join(REPO, "tests")  # conftest's worst_relative_gap
+    proc = subprocess.run([sys.executable, "-c", _CONTROL, str(images), ",".join(map(str, R18_STEPS)), str(R18_LR)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dict(zip(R18_STEPS, json.loads(proc.stdout.splitlines()[-1])))
 
 
 @pytest.mark.multiprocess
@@ -158,10 +206,8 @@ def test_resnet18_sync_bn_equals_single_card_next_to_the_floor(r18, ranks, step)
 
 
 @pytest.mark.multiprocess
-def test_sync_bn_amp_o2_trains_on_two_ranks(data_dir, tmp_path):
-    run_msdist("train", tiny_args(data_dir, tmp_path, "--sync_bn", "true", "--amp_level", "O2", "--max_steps", 2,
-                                  "--epochs", 1), ranks=2)
-    ranks = [load_params(checkpoints(tmp_path, r)[-1]) for r in (0, 1)]
+def test_sync_bn_amp_o2_trains_on_two_ranks(runs):
+    ranks = [load_params(checkpoints(runs / "amp_o2", r)[-1]) for r in (0, 1)]
     assert all(np.isfinite(v).all() for v in ranks[0].values())
     assert all(np.array_equal(ranks[0][n], ranks[1][n]) for n in ranks[0])
 
@@ -170,13 +216,11 @@ def test_sync_bn_amp_o2_trains_on_two_ranks(data_dir, tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_dist_bn_reduce_makes_one_model_that_eval_reproduces(data_dir, tmp_path):
+def test_dist_bn_reduce_makes_one_model_that_eval_reproduces(runs, data_dir, tmp_path):
     """Without sync_bn each rank's running statistics follow its own shard; --dist_bn reduce (the default)
     averages them before every checkpoint and evaluation, so both ranks save the same tensors and the
     rank-0 checkpoint, evaluated alone, gives result.json's numbers."""
-    import json
-    out = tmp_path / "train"
-    run_msdist("train", tiny_args(data_dir, out, "--epochs", 1, "--max_steps", 3), ranks=2)
+    out = runs / "dist_bn"
     rank0, rank1 = (load_params(checkpoints(out, r)[-1], include_state=True) for r in (0, 1))
     assert rank0.keys() == rank1.keys() and any("moving_mean" in n for n in rank0)
     assert [n for n in rank0 if not np.array_equal(rank0[n], rank1[n])] == []

@@ -9,6 +9,7 @@ chunks are 8, 1, 1, 2 (the epoch's end) then 6, 2 (max_steps): full chunks, and 
 """
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -42,11 +43,18 @@ def _assert_same_checkpoints(a, b, rank=0):
             assert left[key].tobytes() == right[key].tobytes(), f"{name}: {key} differs"
 
 
+def _train_at_once(data_dir, jobs):
+    """`_train` each (output_dir, k, ranks, *extra) job, all started at once: their start-ups and exits overlap."""
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        list(pool.map(lambda job: _train(data_dir, *job), jobs))
+
+
 @pytest.fixture(scope="module")
 def one_rank(tmp_path_factory, data_dir):
+    """k1 and k8 uninterrupted, and `stopped`: k8 stopped at step 4, inside the uninterrupted run's first chunk
+    (1-8), for the resume test."""
     root = tmp_path_factory.mktemp("sink")
-    _train(data_dir, root / "k1", 1)
-    _train(data_dir, root / "k8", 8)
+    _train_at_once(data_dir, [(root / "k1", 1), (root / "k8", 8), (root / "stopped", 8, 1, "--max_steps", 4)])
     return root
 
 
@@ -60,20 +68,19 @@ def test_k8_logs_the_losses_of_k1_at_the_same_steps(one_rank):
     assert losses == _step_losses(one_rank / "k1")
 
 
-def test_a_run_stopped_mid_chunk_resumes_to_the_same_weights(one_rank, data_dir, tmp_path):
-    _train(data_dir, tmp_path, 8, 1, "--max_steps", 4)       # inside the uninterrupted run's first chunk (1-8)
-    _train(data_dir, tmp_path, 8, 1, "--resume", "auto")
-    final = load_params(checkpoints(tmp_path, 0)[-1], include_state=True)
+def test_a_run_stopped_mid_chunk_resumes_to_the_same_weights(one_rank, data_dir):
+    resumed = one_rank / "stopped"
+    _train(data_dir, resumed, 8, 1, "--resume", "auto")
+    final = load_params(checkpoints(resumed, 0)[-1], include_state=True)
     want = load_params(checkpoints(one_rank / "k8", 0)[-1], include_state=True)
-    assert os.path.basename(checkpoints(tmp_path, 0)[-1]) == os.path.basename(checkpoints(one_rank / "k8", 0)[-1])
+    assert os.path.basename(checkpoints(resumed, 0)[-1]) == os.path.basename(checkpoints(one_rank / "k8", 0)[-1])
     for key in want:
         assert np.array_equal(final[key], want[key]), key
 
 
 @pytest.mark.multiprocess
 def test_k8_equals_k1_on_two_ranks(data_dir, tmp_path):
-    _train(data_dir, tmp_path / "k1", 1, 2)
-    _train(data_dir, tmp_path / "k8", 8, 2)
+    _train_at_once(data_dir, [(tmp_path / "k1", 1, 2), (tmp_path / "k8", 8, 2)])
     for rank in (0, 1):
         _assert_same_checkpoints(tmp_path / "k1", tmp_path / "k8", rank)
     assert _step_losses(tmp_path / "k8") == _step_losses(tmp_path / "k1")

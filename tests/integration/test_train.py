@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -60,9 +61,11 @@ def test_eval_cli_standalone_and_mpirun_agree(standalone_run, data_dir, tmp_path
     out, _ = standalone_run
     expected = json.loads((out / "result.json").read_text())["accuracy"]
     ckpt = checkpoints(out, 0)[0]
-    for ranks in (1, 2):
+    with ThreadPoolExecutor(max_workers=2) as pool:  # independent runs: their start-ups and exits overlap
+        procs = list(pool.map(lambda ranks: run_msdist("eval", tiny_args(data_dir, tmp_path / f"eval{ranks}",
+                                                                          "--ckpt", ckpt), ranks=ranks), (1, 2)))
+    for ranks, proc in zip((1, 2), procs):
         eval_out = tmp_path / f"eval{ranks}"
-        proc = run_msdist("eval", tiny_args(data_dir, eval_out, "--ckpt", ckpt), ranks=ranks)
         assert proc.stdout.count("eval result:") == 1
         got = json.loads((eval_out / "eval_result.json").read_text())
         assert got["num_samples"] == TEST_SIZE and got["world_size"] == ranks
@@ -214,8 +217,9 @@ def test_resume_continues_at_the_right_epoch_and_lr(data_dir, tmp_path):
     (`--resume auto` is what msdist.launch's restarts and the mpirun retry script use: integration/test_launch.py.)
     """
     common = ("--epochs", 2, "--deterministic", "true", "--log_every", 1)
-    run_msdist("train", tiny_args(data_dir, tmp_path / "full", *common))
-    run_msdist("train", tiny_args(data_dir, tmp_path / "cut", *common, "--max_steps", 18))
+    with ThreadPoolExecutor(max_workers=2) as pool:  # independent runs: their start-ups and exits overlap
+        list(pool.map(lambda args: run_msdist("train", tiny_args(data_dir, *args)),
+                      [(tmp_path / "full", *common), (tmp_path / "cut", *common, "--max_steps", 18)]))
     [stopped] = [p for p in checkpoints(tmp_path / "cut", 0) if p.endswith("-2_6.ckpt")]
     resumed = run_msdist("train", tiny_args(data_dir, tmp_path / "cut", *common, "--resume", stopped))
     assert "resumed from" in resumed.stdout and "epoch 1, step 6 of 12, global step 18" in resumed.stdout

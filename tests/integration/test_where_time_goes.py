@@ -16,11 +16,21 @@ from msdist.run import stragglers
 WINDOW = (3, 5)
 
 
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory, data_dir):
+    """name -> (output_dir, process) of the two profiled one-rank runs, started at once (start-ups overlap): the
+    window inside the run, and a run that ends inside its window."""
+    root = tmp_path_factory.mktemp("profiled")
+    runs = {"inside": ("--max_steps", 7, "--log_every", 2, "--profile_steps", f"{WINDOW[0]}:{WINDOW[1]}"),
+            "cut": ("--max_steps", 4, "--profile_steps", "3:9")}
+    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+        procs = pool.map(lambda name: run_msdist("train", tiny_args(data_dir, root / name, *runs[name])), runs)
+        return {name: (root / name, proc) for name, proc in zip(runs, procs)}
+
+
 @pytest.mark.slow
-def test_the_profile_holds_the_windows_steps_and_the_run_says_where(data_dir, tmp_path):
-    out = tmp_path / "run"
-    proc = run_msdist("train", tiny_args(data_dir, out, "--max_steps", 7, "--log_every", 2,
-                                         "--profile_steps", f"{WINDOW[0]}:{WINDOW[1]}"))
+def test_the_profile_holds_the_windows_steps_and_the_run_says_where(profiled):
+    out, proc = profiled["inside"]
     rank_dir = out / "profile" / "rank_0"
     assert f"profile of global steps 3-5 written to {rank_dir}" in proc.stdout
     assert "trace_view.json in chrome://tracing" in proc.stdout
@@ -45,9 +55,8 @@ def test_the_profile_holds_the_windows_steps_and_the_run_says_where(data_dir, tm
 
 
 @pytest.mark.slow
-def test_a_run_that_ends_inside_the_window_still_writes_its_steps(data_dir, tmp_path):
-    out = tmp_path / "run"
-    proc = run_msdist("train", tiny_args(data_dir, out, "--max_steps", 4, "--profile_steps", "3:9"))
+def test_a_run_that_ends_inside_the_window_still_writes_its_steps(profiled):
+    out, proc = profiled["cut"]
     assert "profile of global steps 3-4 (the run ended inside the window)" in proc.stdout
     [detail] = glob.glob(str(out / "profile" / "rank_0" / "*_ascend_ms" / "FRAMEWORK" / "cpu_op_detail_info_0.csv"))
     with open(detail, encoding="utf-8") as f:
