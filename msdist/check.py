@@ -91,7 +91,9 @@ def plan_main(argv) -> int:
     lines = [f"{name}: {value}" for name, value in plan_fields(cfg, launch, probe, run)]
     if launch.rank == 0:  # job-wide, so said once, as rank 0 says it at start-up
         lines += [f"warning: {warning}" for warning in warnings]
-    print("\n".join(f"[rank {launch.rank}] {line}" for line in lines), flush=True)
+    # One write for the rank's whole plan, its last newline included (a pipe keeps up to 4 KiB whole): print's own
+    # newline would be a write of its own, and under mpirun another rank's lines would land before it.
+    print("".join(f"[rank {launch.rank}] {line}\n" for line in lines), end="", flush=True)
     return 0
 
 

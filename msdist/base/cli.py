@@ -37,6 +37,7 @@ def whole_lines() -> None:
     Unbuffered, print() writes the text and its newline in two calls, so under mpirun and msrun, which merge
     every rank's output into one stream, another rank's line can land between them: two lines become one.
     Line buffering writes a line whole (a pipe keeps a write of up to 4 KiB whole) and still shows it at once.
+    Several lines in one print flush before print's own newline: end the text with it (`end=""`) to keep them whole.
     """
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):  # a caller may have put an io.StringIO there: nothing to set

@@ -87,6 +87,7 @@ def test_mpirun_one_node(gpu_node):
     ranks = plans(proc.stdout)
     for rank in (0, 1):
         plan = ranks[rank]
+        assert "launcher" in plan, proc.stdout   # each rank's plan is one write: no line of it joins another's
         assert plan["launcher"].startswith("mpirun (mpirun); rank source: OMPI_COMM_WORLD_RANK")
         assert plan["rank"].startswith(f"{rank} of 2, local rank {rank} of 2, node ")
         assert_gpu(plan, rank, "nccl through MindSpore's OpenMPI path")
