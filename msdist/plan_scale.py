@@ -77,7 +77,7 @@ def main(argv=None) -> int:
 
 
 def _precision(cfg) -> str:
-    return "fp32" if precision.resolve_amp_level(cfg.amp_level, "GPU") == "O0" else "amp"
+    return hardware.precision_of(precision.resolve_amp_level(cfg.amp_level, "GPU"))
 
 
 def _compute(cfg) -> Tuple[Compute, str]:

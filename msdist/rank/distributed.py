@@ -176,7 +176,8 @@ def refuse_shared_gpu(launch: LaunchEnv, device_id: int) -> None:
     Raises:
         ConfigError: `device.shared_gpu` found one GPU for two local ranks.
     """
-    key = local_exchange.job_key(launch.launcher, launch.job_id, os.environ)
+    key = local_exchange.job_key(launch.launcher, launch.job_id, os.environ,
+                                 launch.rank - launch.local_rank)
     if not key:  # ranks set up by hand: nothing to meet under; NCCL's own check remains
         return
     bus_ids = local_exchange.exchange(local_exchange.folder_for("gpus", key), launch.local_rank,

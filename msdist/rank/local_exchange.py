@@ -30,28 +30,17 @@ EXCHANGE_TIMEOUT_S = 60.0
 _POLL_S = 0.02
 
 
-# Where msdist.launch and msrun put a rank's local rank (msdist.base.launch_env reads the same).
-_LOCAL_RANK_VAR = {"msdist.launch": "MSDIST_LOCAL_RANK", "msrun": "DEVICE_ID"}
-
-
-def _node_part(env: Mapping[str, str], local_rank_var: str) -> str:
-    """"-node<its first rank>": the nodes of one job meet under one scheduler address, and where several share a
-    temp directory (nodes on one machine, in network namespaces or containers sharing /tmp) each must have its own
-    folder: otherwise their local ranks of one number overwrite each other's values and wait out the timeout."""
-    try:
-        return f"-node{int(env['MS_NODE_ID']) - int(env[local_rank_var])}"
-    except (KeyError, ValueError):
-        return ""
-
-
-def job_key(launcher: str, job_id: str, env: Mapping[str, str]) -> str:
+def job_key(launcher: str, job_id: str, env: Mapping[str, str], node_first_rank: Optional[int] = None) -> str:
     """A name every rank of this job computes alike and another job on the host does not ("" = none).
 
     mpirun and srun give a job id; msdist.launch and msrun give their scheduler's address, which is
-    unique on a host while the job runs, and the node's first rank. Ranks set up by hand (launcher "env")
-    count every rank as local, so they would wait for ranks on other hosts: no key. Nor has a rank
-    msdist.launch started again because it did not register: its local ranks exchanged before and would
-    never answer (the respawn would wait out EXCHANGE_TIMEOUT_S and miss its registration again).
+    unique on a host while the job runs, and the node's first rank (`LaunchEnv.rank - LaunchEnv.local_rank`):
+    the nodes of one job meet under one address, and where several share a temp directory (nodes on one machine,
+    in network namespaces or containers sharing /tmp) each needs its own folder, or their local ranks of one number
+    overwrite each other's values and wait out the timeout. Ranks set up by hand (launcher "env") count every rank
+    as local, so they would wait for ranks on other hosts: no key. Nor has a rank msdist.launch started again
+    because it did not register: its local ranks exchanged before and would never answer (the respawn would wait
+    out EXCHANGE_TIMEOUT_S and miss its registration again).
 
     Args:
         launcher: `LaunchEnv.launcher`; job_id: `LaunchEnv.job_id`.
@@ -60,8 +49,9 @@ def job_key(launcher: str, job_id: str, env: Mapping[str, str]) -> str:
         return ""
     if job_id:
         key = job_id
-    elif launcher in _LOCAL_RANK_VAR and env.get("MS_SCHED_PORT"):
-        key = f"{env.get('MS_SCHED_HOST', '')}-{env['MS_SCHED_PORT']}{_node_part(env, _LOCAL_RANK_VAR[launcher])}"
+    elif launcher in ("msdist.launch", "msrun") and env.get("MS_SCHED_PORT"):
+        node = "" if node_first_rank is None else f"-node{node_first_rank}"
+        key = f"{env.get('MS_SCHED_HOST', '')}-{env['MS_SCHED_PORT']}{node}"
     else:
         return ""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", key)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Sequence, Tuple, Union
 
 from msdist.base.errors import ConfigError
+from msdist.data import plan
 from msdist.run import hardware
 
 
@@ -37,7 +38,7 @@ class Limits:
     ends: Tuple[int, ...] = ()
 
 
-Chunk = Tuple[int, int, int]   # (epoch, its first step in the epoch, steps): a chunk, or a span of chunks
+Chunk = plan.Span   # (epoch, its first step in the epoch, steps): a chunk, or a span of sunk chunks
 
 
 def next_length(global_step: int, step: int, steps_per_epoch: int, k: int, limits: Limits) -> int:
@@ -178,9 +179,10 @@ def resolve_size(requested, device_target: str, several_slots: bool, log_every: 
 
     CPU has no data sink (MindSpore's DatasetHelper refuses one there: mindspore/train/dataset_helper.py:372-384),
     so `auto` is 1 there; an explicit K still groups the loop's boundary work into chunks of K steps. On GPU `auto`
-    is `auto_size` until the ranks agree on the step time at start-up (`agreed_size`). A rank owning several batch slots (an elastic job below MAX nodes) swaps BatchNorm statistics
-    from the host between them (`step.TrainStep.train_on`), never inside one sunk graph: K is 1 there (`describe`
-    says why). `--grad_accum_steps` alone is sunk: `sink.SunkStep` unrolls the micro-batches in its graph.
+    is `auto_size` until the ranks agree on the step time at start-up (`agreed_size`). A rank owning several batch
+    slots (an elastic job below MAX nodes) swaps BatchNorm statistics from the host between them
+    (`step.TrainStep.train_on`), never inside one sunk graph: K is 1 there (`describe` says why).
+    `--grad_accum_steps` alone is sunk: `sink.SunkStep` unrolls the micro-batches in its graph.
     """
     if several_slots:
         return 1

@@ -105,6 +105,12 @@ PEAK_TFLOPS: Dict[Tuple[str, str], float] = {
 }
 
 
+def precision_of(amp_level: str) -> str:
+    """The tables' precision of a resolved `--amp_level`: "fp32" for O0 (TF32 tensor cores on A100/H100), else
+    "amp" (float16)."""
+    return "fp32" if amp_level == "O0" else "amp"
+
+
 def gpu_of_product(model_name: str) -> Optional[str]:
     """The tables' name (`GPUS`) of a GPU product name ("Tesla V100-SXM2-16GB", "NVIDIA A100-SXM4-80GB"...); None
     for a GPU the tables do not hold."""

@@ -169,14 +169,15 @@ def sink_size(cfg, device_target: str, slots: int, world_size: int) -> int:
                                cfg.save_every_steps)
 
 
-def sunk_step_forecast(cfg, device_target: str, batch, world_size: int, gpu_name: str) -> Optional[float]:
+def sunk_step_forecast(cfg, device_target: str, amp_level: str, batch, world_size: int,
+                       gpu_name: str) -> Optional[float]:
     """This rank's forecast of one sunk step in seconds (`hardware.sunk_step_seconds`, its share of the global
-    batch on the GPU named `gpu_name`; 0 for a GPU the tables do not hold), where `--sink_size auto` sinks steps
-    (GPU, one batch slot per rank, the same on every rank); elsewhere None."""
+    batch at `amp_level` (resolved) on the GPU named `gpu_name`; 0 for a GPU the tables do not hold), where
+    `--sink_size auto` sinks steps (GPU, one batch slot per rank, the same on every rank); elsewhere None."""
     if cfg.sink_size != chunks.AUTO or device_target != "GPU" or batch.slots != world_size:
         return None
-    kind = "fp32" if precision.resolve_amp_level(cfg.amp_level, device_target) == "O0" else "amp"
-    step_s = hardware.sunk_step_seconds(gpu_name, cfg.model, kind, cfg.image_size, batch.global_batch // world_size)
+    step_s = hardware.sunk_step_seconds(gpu_name, cfg.model, hardware.precision_of(amp_level), cfg.image_size,
+                                        batch.global_batch // world_size)
     return step_s or 0.0
 
 

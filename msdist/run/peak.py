@@ -105,6 +105,6 @@ def host_gpu_name() -> str:
 def device_peak(device_target: str, amp_level: str, threads_per_rank: int) -> Optional[float]:
     """One device's peak FLOP/s: a GPU's from the table (None where it holds no row), a CPU rank's threads'."""
     if device_target == "GPU":
-        return hardware.gpu_peak_flops(host_gpu_name(), "fp32" if amp_level == "O0" else "amp")
+        return hardware.gpu_peak_flops(host_gpu_name(), hardware.precision_of(amp_level))
     core = cpu_core_peak()
     return core * threads_per_rank if core else None

@@ -206,11 +206,12 @@ def resolve(cfg: argparse.Namespace, world_size: int, chosen: device.DevicePlan,
     directory, prefix = options.checkpoint_place(cfg)
     if gpu_name is None:
         gpu_name = peak.host_gpu_name() if chosen.target == "GPU" else ""
+    step = options.step_plan(cfg, chosen.target, batch.slots)
     return RunPlan(
-        world_size=world_size, device=chosen, seed=cfg.seed, batch=batch,
-        step=options.step_plan(cfg, chosen.target, batch.slots),
+        world_size=world_size, device=chosen, seed=cfg.seed, batch=batch, step=step,
         schedule=_schedule(cfg, batch.slots, options.sink_size(cfg, chosen.target, batch.slots, world_size),
-                           options.sunk_step_forecast(cfg, chosen.target, batch, world_size, gpu_name)),
+                           options.sunk_step_forecast(cfg, chosen.target, step.amp_level, batch, world_size,
+                                                      gpu_name)),
         input=_from_options(InputPlan, cfg, skip_bad_images=cfg.bad_images == "skip",
                             spec=options.train_input(cfg, plan.BatchLayout(), workers_per_rank=0, classes=0)),
         model=_model(cfg),

@@ -195,7 +195,8 @@ def start(argv=None, *, options: Sequence[config.Option] = config.TRAIN_OPTIONS,
     warnings = tuple(recipe.review(run)) if run else ()
     rt = runtime.prepare(cfg.verbose, cfg.cpu_isa, launch.local_world_size, local_rank=launch.local_rank,
                          rank=launch.rank, bind_cores=cfg.bind_cores,
-                         exchange_key=local_exchange.job_key(launch.launcher, launch.job_id, os.environ),
+                         exchange_key=local_exchange.job_key(launch.launcher, launch.job_id, os.environ,
+                                                             launch.rank - launch.local_rank),
                          compile_cache=compile_cache_path(cfg, launch.world_size, chosen.target, run.batch.slots)
                          if run else "",
                          device_target=chosen.target)

@@ -34,19 +34,19 @@ def test_a_rank_that_never_arrives_gives_none_in_time(tmp_path):
 SCHED = {"MS_SCHED_HOST": "10.0.0.1", "MS_SCHED_PORT": "29500"}
 
 
-@pytest.mark.parametrize("launcher, job_id, env, key", [
-    ("mpirun", "1500184577", {}, "1500184577"),
-    ("srun", "4242.0", {}, "4242.0"),
-    ("msdist.launch", "", SCHED, "10.0.0.1-29500"),
-    ("msrun", "", SCHED, "10.0.0.1-29500"),
+@pytest.mark.parametrize("launcher, job_id, env, first, key", [
+    ("mpirun", "1500184577", {}, 0, "1500184577"),
+    ("srun", "4242.0", {}, 0, "4242.0"),
+    ("msdist.launch", "", SCHED, None, "10.0.0.1-29500"),
+    ("msrun", "", SCHED, None, "10.0.0.1-29500"),
     # Per node: nodes sharing a temp directory (containers, namespaces, several nodes on one host) meet apart.
-    ("msdist.launch", "", {**SCHED, "MS_NODE_ID": "5", "MSDIST_LOCAL_RANK": "1"}, "10.0.0.1-29500-node4"),
-    ("msrun", "", {**SCHED, "MS_NODE_ID": "3", "DEVICE_ID": "1"}, "10.0.0.1-29500-node2"),
+    ("msdist.launch", "", SCHED, 4, "10.0.0.1-29500-node4"),
+    ("msrun", "", SCHED, 2, "10.0.0.1-29500-node2"),
     # A rank respawned because it missed its registration: its peers left the exchange long ago.
-    ("msdist.launch", "", {**SCHED, "MSDIST_RESPAWNED": "1"}, ""),
-    ("msrun", "", {}, ""),                       # no scheduler address: nothing unique to meet under
-    ("env", "", SCHED, ""),                      # set by hand: every rank counts as local, across hosts too
-    ("", "", SCHED, ""),                         # standalone
+    ("msdist.launch", "", {**SCHED, "MSDIST_RESPAWNED": "1"}, 0, ""),
+    ("msrun", "", {}, 0, ""),                    # no scheduler address: nothing unique to meet under
+    ("env", "", SCHED, 0, ""),                   # set by hand: every rank counts as local, across hosts too
+    ("", "", SCHED, 0, ""),                      # standalone
 ])
-def test_job_key(launcher, job_id, env, key):
-    assert local_exchange.job_key(launcher, job_id, env) == key
+def test_job_key(launcher, job_id, env, first, key):
+    assert local_exchange.job_key(launcher, job_id, env, first) == key
