@@ -7,7 +7,7 @@ the attempts (msdist.launcher.supervisor.run_attempt) of one launcher under the 
   asked and --wait_for_nodes passed since (fewer than MIN within --stall_startup_timeout: the named failure);
   the others wait for a view that holds them;
 * a node lost (no answer for --membership_timeout, or it failed) or a node that stopped its ranks: every
-  launcher stops its ranks at once and says "reforming";
+  launcher stops its ranks at once and says "re-forming" and why;
 * a node asking to join, while the view has fewer than MAX nodes: node 0 says "saving", every launcher sends
   its ranks the preemption signal, so they save a complete checkpoint at one agreed step and exit with
   preemption.REQUEUE_EXIT (msdist.cluster.preemption); then "reforming": nothing is lost;
@@ -117,6 +117,8 @@ class _Elastic:
             if status is not None:
                 return status
             self.peers.set("reforming")
+            if failure.reform:
+                say(f"re-forming: {failure.how}; every local rank stopped")
             self.seen_gone = watch.seen_gone
             try:
                 change = self._next(view, stop_save=failure.requeue and not watch.admitting)
@@ -156,7 +158,8 @@ class _Elastic:
                 return self._end("preempted", f"the job stops (no node goes on): {failure.summary()}",
                                  preemption.REQUEUE_EXIT)
             return None   # this node stays: the job re-forms without the draining nodes, or stops (_next)
-        if failure.user_error or self.forwarder.requested_at is not None:
+        # A stop signal while the ranks stop for a re-form: the job re-forms, and its new ranks save at once.
+        if failure.user_error or (self.forwarder.requested_at is not None and not failure.reform):
             report_failure(failure, time.monotonic() - failure.seen_at, self.plan.log_dir)
             why = "fix the error above first" if failure.user_error else "the job is being preempted"
             return self._end("failed", f"not restarting: {why}", 1)

@@ -1,22 +1,24 @@
-"""Elastic msdist.launch on three network-namespace hosts (issue 41 item 8): two nodes lost at once, nodes of two
-ranks, and a node lost leaving fewer than MIN.
+"""Elastic msdist.launch on three network-namespace hosts (issue 41 items 3 and 8): two nodes lost at once, nodes
+of two ranks, a node lost leaving fewer than MIN, and a stop signal to every node while the job re-forms.
 
 Three namespaces hang off a bridge in a fourth (test_elastic_drain.py's `hosts`), so every host reaches every
 other; removed afterwards even when a test fails. A lost node is its launcher and every
-process it started killed with SIGKILL at the first step of epoch 2, as in test_elastic.py. Both runs start
+process it started killed with SIGKILL at the first step of epoch 2, as in test_elastic.py. The runs start
 together in one module fixture (`runs`, different ports on the same hosts), each its loss from a thread of its own.
 """
 import os
 import re
 import signal
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from msdist.cluster.preemption import REQUEUE_EXIT
 from msdist.run import checkpoint
 from test_launch import DATA_DIR, TINY_CONFIG, Job, _tagged_pids, stop_all
-from test_elastic_drain import hosts  # noqa: F401  (the fixture: three hosts on a bridge, removed afterwards)
+from test_elastic_drain import _agreed_steps, hosts  # noqa: F401  (hosts: three on a bridge, removed afterwards)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -79,10 +81,37 @@ def _one_lost_below_min(tmp, hosts) -> tuple:
         stop_all(jobs)
 
 
+def _stopped_while_reforming(tmp, hosts) -> tuple:
+    """--nnodes 1:3 -n 1, node 2 lost; SIGTERM to node 1's launcher at once (before it sees the loss), and to node
+    0's as soon as it says it re-forms: ({node: (exit status, stderr, leftovers)} of nodes 0 and 1, the survivors' agreed steps, each
+    survivor rank's newest good step, whether node 0 had not yet started its new ranks when signalled)."""
+    port = 26000 + os.getpid() % 500 * 10
+    jobs = _start(tmp, "reform_stop", hosts, "1:3", 1, port, _TINY + ["--batch_size", "24"])
+    try:
+        _lose(jobs, (2,), at_step=9)
+        jobs[1].proc.send_signal(signal.SIGTERM)   # its ranks' stop check waits for rank 2 until the loss is seen
+        deadline = time.monotonic() + RUN_LIMIT_S
+        while "msdist.launch: re-forming: " not in jobs[0].stderr():   # polled closely: the re-form takes ~1 s
+            assert time.monotonic() < deadline and jobs[0].proc.poll() is None, jobs[0].stderr()
+            time.sleep(0.01)
+        jobs[0].proc.send_signal(signal.SIGTERM)
+        before_new_ranks = "attempt 2" not in jobs[0].stderr()
+        ended = {node: (jobs[node].wait(limit_s=RUN_LIMIT_S), jobs[node].stderr(), jobs[node].leftovers())
+                 for node in (0, 1)}
+        ckpt = os.path.join(jobs[0].output_dir, "ckpt")
+        steps = [checkpoint.latest_good(ckpt, "resnet_tiny", rank).position.global_step for rank in (0, 1)]
+        with open(os.path.join(jobs[0].output_dir, "logs", "rank_0.log"), encoding="utf-8") as f:
+            resumed = [int(s) for s in re.findall(r"resumed from .*global step (\d+)", f.read())]
+        return ended, _agreed_steps(jobs[0], [0, 1]), steps, resumed, before_new_ranks
+    finally:
+        stop_all(jobs)
+
+
 @pytest.fixture(scope="module")
 def runs(hosts, tmp_path_factory):
-    """Both runs, started at once (each mostly waits: start-up, --membership_timeout) and ended before a test looks."""
-    started = {"two_lost": _two_nodes_lost, "below_min": _one_lost_below_min}
+    """Every run, started at once (each mostly waits: start-up, --membership_timeout) and ended before a test looks."""
+    started = {"two_lost": _two_nodes_lost, "below_min": _one_lost_below_min,
+               "reform_stop": _stopped_while_reforming}
     with ThreadPoolExecutor(max_workers=len(started)) as pool:
         ended = {name: pool.submit(run, tmp_path_factory.mktemp(name), hosts) for name, run in started.items()}
     return ended
@@ -119,3 +148,19 @@ def test_a_node_lost_leaving_fewer_than_min_ends_every_survivor_with_one_line_an
                                                  r"minimum 3 \(--nnodes 3:4\)", failed[0]), err
         assert leftovers == []
     assert steps == [12, 12, 12]
+
+
+def test_a_stop_signal_to_every_node_while_the_job_re_forms_ends_with_a_complete_checkpoint_and_200(runs):
+    """--nnodes 1:3, node 2 lost in epoch 2; node 1 signalled right after the loss (its rank's stop check then waits
+    for the lost rank), node 0 as it re-forms (before it started its new ranks). The job still re-forms: the new
+    ranks, signalled from their start, resume from the epoch-1 checkpoint (step 8), agree on the first step they
+    reach, save it on both ranks and exit 200; both launchers exit 200 with nothing left behind (node 1 ended with 1
+    when the loss came after its signal)."""
+    ended, agreed, steps, resumed, before_new_ranks = runs["reform_stop"].result()
+    assert before_new_ranks
+    for node in (0, 1):
+        code, err, leftovers = ended[node]
+        assert code == REQUEUE_EXIT, err
+        assert "msdist.launch: re-forming: node " in err and "drained:" not in err and leftovers == []
+    assert resumed == [8]
+    assert agreed == [[9], [9]] and steps == [9, 9]
