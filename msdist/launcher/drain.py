@@ -13,7 +13,12 @@ that way; what each node does once its ranks saved is decided here, from what ev
   saved, as after a lost node. No draining node (the ranks were signalled, not a launcher), or fewer than MIN
   staying (a job-wide stop ends here: no node stays), is `JobStops`: every node exits 200;
 * **a draining node** (`draining_end`) exits `DRAINED_EXIT` once a newer view goes on without it, or 200 once
-  every member is draining, stopped or gone.
+  every member is draining, stopped or gone;
+* **a signal while the job re-forms** (the ranks already stopped, the checkpoint it resumes from complete): that
+  node says it is draining at once, with nothing more to save (`leaving`), and waits for the next view like any
+  member; the first staying member holds its decision for the window after it first sees a draining member, so
+  the nodes of a job-wide stop leave together. A view decided before the leader heard of the drain still holds
+  the node: it then runs the next attempt, whose ranks save at once, and drains after it.
 
 The decisions are pure functions; `settle` waits after the save and applies them (msdist.launcher.elastic calls
 it, and re-forms with `next_view`).
@@ -23,8 +28,8 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from msdist.cluster.preemption import REQUEUE_EXIT
 from msdist.launcher.forwarder import Forwarder
-from msdist.launcher.membership import Change, NodeRange, TooFewNodes, View, decide
-from msdist.launcher.peers import Peers
+from msdist.launcher.membership import Change, NodeRange, TooFewNodes, View, decide, host_of
+from msdist.launcher.peers import ENDED, Peers
 from msdist.launcher.supervisor import say
 
 DRAIN_WINDOW_S = 10.0   # covers signals up to ~10 s after the save (the save itself takes a step and a write)
@@ -35,6 +40,14 @@ _WAIT_S = 0.2
 
 class JobStops(Exception):
     """After a stop save, the job ends: every node exits 200 (preemption.REQUEUE_EXIT)."""
+
+
+class Drained(Exception):
+    """This node drained: `view`, the newer one, goes on without it."""
+
+    def __init__(self, view: View):
+        super().__init__(f"the job goes on as membership {view.generation} on {len(view.members)} node(s)")
+        self.view = view
 
 
 def after_save(signalled_at: Optional[float], saved_at: float, now: float,
@@ -106,9 +119,7 @@ def settle(peers: Peers, view: View, forwarder: Forwarder, newer: Callable[[], O
         time.sleep(_WAIT_S)
     if now == "staying":
         return now, None
-    peers.set("draining")
-    say(f"this node was signalled and every rank saved: it leaves the job (a drain), which goes on without it if at "
-        f"least {min_nodes} node(s) stay, else stops here (every node then exits {REQUEUE_EXIT})")
+    leaving(peers, "every rank saved", min_nodes)
     while True:
         phases = {m: p for m in view.members for p in ("draining", "preempted")
                   if peers.in_phase(m, p, view.generation)}
@@ -117,3 +128,17 @@ def settle(peers: Peers, view: View, forwarder: Forwarder, newer: Callable[[], O
         if end is not None:
             return end, decided
         time.sleep(_WAIT_S)
+
+
+def leaving(peers: Peers, saved: str, min_nodes: int) -> None:
+    """Say that this signalled node, its checkpoint complete (`saved`: how), drains."""
+    peers.set("draining")
+    say(f"this node was signalled and {saved}: it leaves the job (a drain), which goes on without it if at least "
+        f"{min_nodes} node(s) stay, else stops here (every node then exits {REQUEUE_EXIT})")
+
+
+def lost(change: Change) -> str:
+    """The members `change` left out because they were lost or failed, and why ("" = none: they ended or were
+    drained, or nodes only joined): what counts against --max_reforms."""
+    return "; ".join(f"node {host_of(m)} {change.why.get(m, 'left')}" for m in change.left
+                     if change.why.get(m) not in (*ENDED, DRAINED))

@@ -121,9 +121,12 @@ class _Elastic:
                 say(f"re-forming: {failure.how}; every local rank stopped")
             self.seen_gone = watch.seen_gone
             try:
-                change = self._next(view, stop_save=failure.requeue and not watch.admitting)
+                change = self._next(view, stop_save=failure.requeue and not watch.admitting,
+                                    drain_window=drain.DRAIN_WINDOW_S if failure.reform else 0.0)
             except drain.JobStops as e:
                 return self._end("preempted", f"{e}; {failure.summary()}", preemption.REQUEUE_EXIT)
+            except drain.Drained as e:
+                return self._drained(e.view)
             except (TooFewNodes, _LeftOut) as e:
                 return self._end("failed", f"FAILED: {e}", 1)
             if change.view.members == view.members and not (failure.requeue or failure.reform):
@@ -133,10 +136,10 @@ class _Elastic:
                     spent = f" after {self.plan.max_restarts} restart(s)" if self.plan.max_restarts else ""
                     return self._end("failed", f"FAILED{spent}: {failure.summary()}", 1)
                 say(f"restart {restarts} of {self.plan.max_restarts}: starting the ranks again with --resume auto")
-            reforms += bool(_lost(change))
+            reforms += bool(drain.lost(change))
             if reforms > self.limits.max_reforms:
                 spent = self.limits.max_reforms
-                return self._end("failed", f"FAILED: {_lost(change)}; the job re-formed after a lost node {spent} "
+                return self._end("failed", f"FAILED: {drain.lost(change)}; the job re-formed after a lost node {spent} "
                                  f"time(s) already (--max_reforms {spent}): a flapping host or link would take it back "
                                  "to its checkpoint forever", 1)
             announce = change if change.view.members != view.members else None
@@ -152,18 +155,21 @@ class _Elastic:
         if failure.requeue and (not admitting or self.forwarder.requested_at is not None):
             end, newer = drain.settle(self.peers, view, self.forwarder, lambda: self._newer(view), self.nodes.min)
             if end == drain.DRAINED:
-                return self._end(drain.DRAINED, f"drained: the job goes on as membership {newer.generation} on "
-                                 f"{len(newer.members)} node(s) without this node", drain.DRAINED_EXIT)
+                return self._drained(newer)
             if end == "stopped":
                 return self._end("preempted", f"the job stops (no node goes on): {failure.summary()}",
                                  preemption.REQUEUE_EXIT)
             return None   # this node stays: the job re-forms without the draining nodes, or stops (_next)
-        # A stop signal while the ranks stop for a re-form: the job re-forms, and its new ranks save at once.
+        # A stop signal while the ranks stop for a re-form: this node drains from it (_next).
         if failure.user_error or (self.forwarder.requested_at is not None and not failure.reform):
             report_failure(failure, time.monotonic() - failure.seen_at, self.plan.log_dir)
             why = "fix the error above first" if failure.user_error else "the job is being preempted"
             return self._end("failed", f"not restarting: {why}", 1)
         return None
+
+    def _drained(self, newer: View) -> int:
+        return self._end(drain.DRAINED, f"drained: the job goes on as membership {newer.generation} on "
+                         f"{len(newer.members)} node(s) without this node", drain.DRAINED_EXIT)
 
     def _plan_for(self, view: View) -> Plan:
         return dataclasses.replace(self.plan, nnodes=len(view.members), node_rank=view.members.index(self.me),
@@ -238,16 +244,21 @@ class _Elastic:
 
     # ------------------------------------------------------------ re-forming
 
-    def _next(self, view: View, stop_save: bool = False) -> Change:
+    def _next(self, view: View, stop_save: bool = False, drain_window: float = 0.0) -> Change:
         """After this node stopped its ranks: the next view, decided here (the leader) or adopted. `stop_save`:
-        every rank saved on a stop request; the draining nodes leave (msdist.launcher.drain).
+        every rank saved on a stop request; the draining nodes leave (msdist.launcher.drain). `drain_window`: the
+        leader, seeing a member drain, waits this long for other signals before it decides.
 
         Raises:
-            drain.JobStops: after a stop save, the job ends here instead.
+            drain.JobStops: after a stop save, or a drain leaving fewer than MIN, the job ends here instead.
+            drain.Drained: this launcher, signalled while the job re-formed, left it.
         """
-        began = time.monotonic()
+        began, drain_seen, signalled = time.monotonic(), None, False
         stop_limit = 2 * self.limits.membership_timeout   # a member that answers but has not stopped its ranks by then
         while True:
+            if self.forwarder.requested_at is not None and not signalled:
+                signalled = True   # a drain: it never decides; a view decided without hearing it still holds it
+                drain.leaving(self.peers, "the job re-forms from a complete checkpoint", self.nodes.min)
             gone = self.peers.gone(view)
             gone.update({m: why for m, why in self.seen_gone.items() if m in gone})  # as first seen
             for m in view.members:   # ended (its ranks finished, or saved on a preemption): not coming back
@@ -262,14 +273,22 @@ class _Elastic:
                              not self.peers.in_phase(m, "reforming", view.generation)})
             newer = self._newer(view)
             if newer is not None:
+                if self.me not in newer.members and signalled:
+                    raise drain.Drained(newer)
                 if self.me not in newer.members:
                     raise _LeftOut(f"the job went on as membership {newer.generation} without this node (a network "
                                    "partition, or it was too slow to answer)")
                 claims.check_shared(self.plan.log_dir, self.plan.output_dir, newer)
                 return _changed(view, newer, gone)
-            if leader(view, set(gone)) == self.me and self._all_stopped(view, gone):
+            if signalled and all(m == self.me or m in gone for m in view.members):
+                raise drain.JobStops("the job stops (no node goes on): this node was signalled as it re-formed and "
+                                     "every other node drained, ended or was lost")
+            draining = drain.DRAINED in gone.values()
+            drain_seen = drain_seen or (time.monotonic() if draining else None)
+            held = signalled or (drain_seen is not None and time.monotonic() < drain_seen + drain_window)
+            if leader(view, set(gone)) == self.me and self._all_stopped(view, gone) and not held:
                 waiting = self.peers.waiting()
-                change = drain.next_view(view, gone, waiting, self.nodes) if stop_save else \
+                change = drain.next_view(view, gone, waiting, self.nodes) if stop_save or draining else \
                     decide(view, set(gone), waiting, self.nodes)
                 change = Change(change.view, change.left, change.joined, gone)
                 if claims.claim(self.plan.log_dir, change.view):   # else another node's first: follow it, or leave
@@ -287,13 +306,6 @@ class _Elastic:
         if newer is not None and newer.generation > view.generation:
             return newer
         return claims.claimed_after(self.plan.log_dir, view)
-
-
-def _lost(change: Change) -> str:
-    """The members `change` left out because they were lost or failed, and why ("" = none: they ended or were
-    drained, or nodes only joined)."""
-    return "; ".join(f"node {host_of(m)} {change.why.get(m, 'left')}" for m in change.left
-                     if change.why.get(m) not in (*peers_mod.ENDED, drain.DRAINED))
 
 
 def _changed(before: View, after: View, why: Optional[Dict[str, str]] = None) -> Change:

@@ -43,6 +43,8 @@ class Failure:
             return self.stall.line()
         if self.requeue:
             return f"preempted: {self.how}"
+        if self.reform:
+            return self.how
         if self.rank is None:
             return f"the scheduler failed: {self.how}"
         if self.beat is None:

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from msdist.cluster.preemption import REQUEUE_EXIT
+from msdist.launcher.drain import DRAINED_EXIT
 from msdist.run import checkpoint
 from test_launch import DATA_DIR, TINY_CONFIG, Job, _tagged_pids, stop_all
 from test_elastic_drain import _agreed_steps, hosts  # noqa: F401  (hosts: three on a bridge, removed afterwards)
@@ -81,37 +82,49 @@ def _one_lost_below_min(tmp, hosts) -> tuple:
         stop_all(jobs)
 
 
-def _stopped_while_reforming(tmp, hosts) -> tuple:
-    """--nnodes 1:3 -n 1, node 2 lost; SIGTERM to node 1's launcher at once (before it sees the loss), and to node
-    0's as soon as it says it re-forms: ({node: (exit status, stderr, leftovers)} of nodes 0 and 1, the survivors' agreed steps, each
-    survivor rank's newest good step, whether node 0 had not yet started its new ranks when signalled)."""
-    port = 26000 + os.getpid() % 500 * 10
-    jobs = _start(tmp, "reform_stop", hosts, "1:3", 1, port, _TINY + ["--batch_size", "24"])
+def _signalled_while_reforming(tmp, hosts, name: str, port: int, signal_at_loss: tuple) -> tuple:
+    """--nnodes 1:3 -n 1, node 2 lost in epoch 2 (the epoch-1 checkpoint is step 8); SIGTERM to the launchers of
+    `signal_at_loss` at once (before they see the loss: their ranks' stop check then waits for the lost rank), and
+    to node 1's as soon as node 0 says it re-forms, if not signalled already: ({node: (exit status, stderr,
+    leftovers)} of nodes 0 and 1, the survivors' agreed steps, rank 0's newest good step, the steps rank 0 resumed
+    from, whether node 1 was signalled before any new rank started)."""
+    jobs = _start(tmp, name, hosts, "1:3", 1, port, _TINY + ["--batch_size", "24"])
     try:
         _lose(jobs, (2,), at_step=9)
-        jobs[1].proc.send_signal(signal.SIGTERM)   # its ranks' stop check waits for rank 2 until the loss is seen
+        for node in signal_at_loss:
+            jobs[node].proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + RUN_LIMIT_S
         while "msdist.launch: re-forming: " not in jobs[0].stderr():   # polled closely: the re-form takes ~1 s
             assert time.monotonic() < deadline and jobs[0].proc.poll() is None, jobs[0].stderr()
             time.sleep(0.01)
-        jobs[0].proc.send_signal(signal.SIGTERM)
-        before_new_ranks = "attempt 2" not in jobs[0].stderr()
+        if 1 not in signal_at_loss:
+            jobs[1].proc.send_signal(signal.SIGTERM)
+        before_new_ranks = "attempt 2" not in jobs[0].stderr() + jobs[1].stderr()
         ended = {node: (jobs[node].wait(limit_s=RUN_LIMIT_S), jobs[node].stderr(), jobs[node].leftovers())
                  for node in (0, 1)}
-        ckpt = os.path.join(jobs[0].output_dir, "ckpt")
-        steps = [checkpoint.latest_good(ckpt, "resnet_tiny", rank).position.global_step for rank in (0, 1)]
+        step = checkpoint.latest_good(os.path.join(jobs[0].output_dir, "ckpt"), "resnet_tiny", 0).position.global_step
         with open(os.path.join(jobs[0].output_dir, "logs", "rank_0.log"), encoding="utf-8") as f:
             resumed = [int(s) for s in re.findall(r"resumed from .*global step (\d+)", f.read())]
-        return ended, _agreed_steps(jobs[0], [0, 1]), steps, resumed, before_new_ranks
+        return ended, _agreed_steps(jobs[0], [0, 1]), step, resumed, before_new_ranks
     finally:
         stop_all(jobs)
+
+
+def _stopped_while_reforming(tmp, hosts) -> tuple:
+    """Nodes 1 (at the loss) and 0 (as it re-forms) signalled: a stop of every survivor."""
+    return _signalled_while_reforming(tmp, hosts, "reform_stop", 26000 + os.getpid() % 500 * 10, (1, 0))
+
+
+def _drained_while_reforming(tmp, hosts) -> tuple:
+    """Node 1 signalled as the job re-forms, node 0 not: a drain."""
+    return _signalled_while_reforming(tmp, hosts, "reform_drain", 27000 + os.getpid() % 500 * 10, ())
 
 
 @pytest.fixture(scope="module")
 def runs(hosts, tmp_path_factory):
     """Every run, started at once (each mostly waits: start-up, --membership_timeout) and ended before a test looks."""
     started = {"two_lost": _two_nodes_lost, "below_min": _one_lost_below_min,
-               "reform_stop": _stopped_while_reforming}
+               "reform_stop": _stopped_while_reforming, "reform_drain": _drained_while_reforming}
     with ThreadPoolExecutor(max_workers=len(started)) as pool:
         ended = {name: pool.submit(run, tmp_path_factory.mktemp(name), hosts) for name, run in started.items()}
     return ended
@@ -150,17 +163,33 @@ def test_a_node_lost_leaving_fewer_than_min_ends_every_survivor_with_one_line_an
     assert steps == [12, 12, 12]
 
 
-def test_a_stop_signal_to_every_node_while_the_job_re_forms_ends_with_a_complete_checkpoint_and_200(runs):
-    """--nnodes 1:3, node 2 lost in epoch 2; node 1 signalled right after the loss (its rank's stop check then waits
-    for the lost rank), node 0 as it re-forms (before it started its new ranks). The job still re-forms: the new
-    ranks, signalled from their start, resume from the epoch-1 checkpoint (step 8), agree on the first step they
-    reach, save it on both ranks and exit 200; both launchers exit 200 with nothing left behind (node 1 ended with 1
-    when the loss came after its signal)."""
-    ended, agreed, steps, resumed, before_new_ranks = runs["reform_stop"].result()
+def test_a_stop_signal_to_every_node_while_the_job_re_forms_ends_it_at_once_with_the_checkpoint_and_200(runs):
+    """--nnodes 1:3, node 2 lost in epoch 2; node 1 signalled right after the loss, node 0 as it re-forms. Both
+    drain from the re-form, with nothing more to save (its epoch-1 checkpoint is complete): no new ranks start,
+    the leader holds its decision for the drain window in which its own signal comes, so no node goes on, and both
+    exit 200 with nothing left behind."""
+    ended, agreed, step, resumed, before_new_ranks = runs["reform_stop"].result()
     assert before_new_ranks
     for node in (0, 1):
         code, err, leftovers = ended[node]
         assert code == REQUEUE_EXIT, err
-        assert "msdist.launch: re-forming: node " in err and "drained:" not in err and leftovers == []
-    assert resumed == [8]
-    assert agreed == [[9], [9]] and steps == [9, 9]
+        assert "msdist.launch: re-forming: node " in err and "attempt 2" not in err and leftovers == []
+        assert "msdist.launch: the job stops (no node goes on): this node was signalled as it re-formed" in err, err
+    assert resumed == [] and agreed == [[], []] and step == 8
+
+
+def test_a_node_signalled_while_the_job_re_forms_drains_and_the_other_goes_on(runs, hosts):
+    """--nnodes 1:3, node 2 lost in epoch 2, node 1 signalled as the job re-forms: node 1 leaves at once with the
+    drained status; node 0 re-forms alone after the drain window (both lost and drained named), resumes from the
+    epoch-1 checkpoint and finishes."""
+    ended, agreed, step, resumed, before_new_ranks = runs["reform_drain"].result()
+    assert before_new_ranks
+    (code0, err0, left0), (code1, err1, left1) = ended[0], ended[1]
+    assert (code0, code1) == (0, DRAINED_EXIT), err0 + err1
+    assert "msdist.launch: drained: the job goes on as membership 2 on 1 node(s) without this node" in err1
+    assert "attempt 2" not in err1
+    drained, lost = (re.escape(hosts[n][1]) for n in (1, 2))
+    assert re.search(rf"membership 2: node {drained} left \(drained\), node {lost} left \(lost: no answer for \d+ s\); "
+                     r"1 node\(s\), world size 3 -> 1; .*resumed from global step 8", err0), err0
+    assert resumed == [8] and agreed == [[], []] and step == 24
+    assert left0 == [] and left1 == []

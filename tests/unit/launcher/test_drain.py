@@ -1,8 +1,8 @@
 """msdist.launcher.drain: a drain told apart from a stop of the whole job, decided alike on every node."""
 import pytest
 
-from msdist.launcher.drain import DRAIN_WINDOW_S, DRAINED, JobStops, after_save, draining_end, next_view
-from msdist.launcher.membership import NodeRange, View
+from msdist.launcher.drain import DRAIN_WINDOW_S, DRAINED, JobStops, after_save, draining_end, lost, next_view
+from msdist.launcher.membership import Change, NodeRange, View
 
 A, B, C, D = "10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1", "10.0.0.4:1"
 THREE = View("job", 4, (A, B, C))
@@ -65,3 +65,10 @@ def test_a_draining_node_leaves_once_a_newer_view_goes_on():
 ], ids=["all draining", "the stayer stopped", "the stayer lost", "a stayer decides", "nothing heard"])
 def test_a_draining_node_waits_until_no_node_stays(phases, gone, end):
     assert draining_end(THREE, A, phases, gone, None) == end
+
+
+def test_only_lost_or_failed_members_count_against_the_re_form_budget():
+    why = {A: DRAINED, B: "lost: no answer for 10 s", C: "preempted", D: "its launcher failed"}
+    assert lost(Change(View("job", 2, ()), (A, B, C, D), (), why)) == \
+        "node 10.0.0.2 lost: no answer for 10 s; node 10.0.0.4 its launcher failed"
+    assert lost(Change(View("job", 2, (A, B)), (C,), (D,), {C: "done"})) == ""   # ended; a node joining is free
