@@ -265,8 +265,8 @@ class _Elastic:
                 state = self.peers.state_of(m) or {}
                 if m != self.me and state.get("phase") in peers_mod.ENDED:
                     gone.setdefault(m, state["phase"])
-                if m != self.me and self.peers.in_phase(m, "draining", view.generation):
-                    gone[m] = drain.DRAINED   # also once it went silent: a drained node may be killed after its save
+                if m != self.me and any(self.peers.in_phase(m, p, view.generation) for p in ("draining", "drained")):
+                    gone[m] = drain.DRAINED   # also once silent or ended: a drained node may be killed after its save
             if time.monotonic() - began > stop_limit:  # answers, but its ranks never stop: not a hang either
                 gone.update({m: f"did not stop its ranks within {stop_limit:.0f} s" for m in view.members
                              if m != self.me and m not in gone and
