@@ -35,6 +35,7 @@ from msdist.launcher.supervisor import say
 DRAIN_WINDOW_S = 10.0   # covers signals up to ~10 s after the save (the save itself takes a step and a write)
 DRAINED_EXIT = 0        # a drained node's part is done: nothing to requeue there, the job goes on elsewhere
 DRAINED = "drained"     # the reason a draining member left the view (membership.describe, membership.jsonl)
+LEAVING_PHASES = ("draining", DRAINED)   # a draining launcher's phases, before and once it ended (elastic._end)
 _WAIT_S = 0.2
 
 
@@ -46,7 +47,7 @@ class Drained(Exception):
     """This node drained: `view`, the newer one, goes on without it."""
 
     def __init__(self, view: View):
-        super().__init__(f"the job goes on as membership {view.generation} on {len(view.members)} node(s)")
+        super().__init__()
         self.view = view
 
 

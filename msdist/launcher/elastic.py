@@ -265,24 +265,27 @@ class _Elastic:
                 state = self.peers.state_of(m) or {}
                 if m != self.me and state.get("phase") in peers_mod.ENDED:
                     gone.setdefault(m, state["phase"])
-                if m != self.me and any(self.peers.in_phase(m, p, view.generation) for p in ("draining", "drained")):
+                if m != self.me and any(self.peers.in_phase(m, p, view.generation) for p in drain.LEAVING_PHASES):
                     gone[m] = drain.DRAINED   # also once silent or ended: a drained node may be killed after its save
             if time.monotonic() - began > stop_limit:  # answers, but its ranks never stop: not a hang either
                 gone.update({m: f"did not stop its ranks within {stop_limit:.0f} s" for m in view.members
                              if m != self.me and m not in gone and
                              not self.peers.in_phase(m, "reforming", view.generation)})
             newer = self._newer(view)
-            if newer is not None:
-                if self.me not in newer.members and signalled:
+            if signalled and (newer is None or self.me not in newer.members):
+                # It ends as a node draining after a stop save does (`gone` holds the draining and ended members).
+                end = drain.draining_end(view, self.me, {}, list(gone), newer)
+                if end == drain.DRAINED:
                     raise drain.Drained(newer)
+                if end == "stopped":
+                    raise drain.JobStops("the job stops (no node goes on): this node was signalled as it re-formed "
+                                         "and every other node drained, ended or was lost")
+            elif newer is not None:
                 if self.me not in newer.members:
                     raise _LeftOut(f"the job went on as membership {newer.generation} without this node (a network "
                                    "partition, or it was too slow to answer)")
                 claims.check_shared(self.plan.log_dir, self.plan.output_dir, newer)
                 return _changed(view, newer, gone)
-            if signalled and all(m == self.me or m in gone for m in view.members):
-                raise drain.JobStops("the job stops (no node goes on): this node was signalled as it re-formed and "
-                                     "every other node drained, ended or was lost")
             draining = drain.DRAINED in gone.values()
             drain_seen = drain_seen or (time.monotonic() if draining else None)
             held = signalled or (drain_seen is not None and time.monotonic() < drain_seen + drain_window)

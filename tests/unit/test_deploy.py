@@ -452,9 +452,10 @@ def test_every_gpu_spec_keeps_the_cuda_jit_cache_on_persistent_storage(tmp_path)
         if "nvidia.com/gpu" in text:
             assert re.search(r"name: CUDA_CACHE_PATH\n\s+value: /runs/", text), path
             assert re.search(rf'name: CUDA_CACHE_MAXSIZE\n\s+value: "{gpu_kernels.CACHE_MAXSIZE}"', text), path
-    (line,) = [line for line in _run_sbatch(tmp_path, LAUNCHER="srun", IMAGE=GPU_IMAGE) if "msdist.check" in line]
-    assert f"--container-image={GPU_IMAGE} --container-mounts=/shared/data/fruits360,/shared/runs/resnet50_slurm" \
-        in line
+    data, run = str(tmp_path / "data"), str(tmp_path / "run")
+    (line,) = [line for line in _run_sbatch(tmp_path, LAUNCHER="srun", IMAGE=GPU_IMAGE, DATA_DIR=data, RUN_DIR=run)
+               if "msdist.check" in line]
+    assert f"--container-image={GPU_IMAGE} --container-mounts={data},{run}" in line
     sbatch = _read(SBATCH)
     assert "CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-$RUN_DIR/cuda_cache}" in sbatch
     assert f"CUDA_CACHE_MAXSIZE=${{CUDA_CACHE_MAXSIZE:-{gpu_kernels.CACHE_MAXSIZE}}}" in sbatch
