@@ -14,6 +14,9 @@ confidence interval (Student's t over the seeds' differences) and an equivalence
 one-sided t-tests (TOST, alpha 0.05, the same as the 90% interval lying inside the margin). Read the margin against
 the noise floor printed beside it: the 1-rank seed spread and the test set's own sampling error sqrt(p(1-p)/n).
 
+With `-- --eval_every_epochs 1` every run is evaluated after each epoch, and a second table gives the paired
+differences epoch by epoch: at which stage of training the arms part and whether they meet again.
+
 It runs a stated number of epochs. It resumes where it stopped: a run with a result.json is done and read again;
 an unfinished run continues from its newest checkpoint (`--resume auto`). It writes OUT/parity.json and
 OUT/parity.md after every run, so a partial table is always there.
@@ -122,13 +125,44 @@ def summarize(results: Dict[str, Dict[int, dict]], ranks: int, margin: float) ->
             row["vs_1_rank"] = paired_difference([results[ONE_RANK][s]["accuracy"] for s in seeds], accs, margin)
         arms[arm] = row
     one = arms[ONE_RANK]
+    by_epoch = stages(results, ranks, margin)
     noise = {}
     if one["accuracy"]:
         test_images = next(iter(results[ONE_RANK].values()))["num_samples"]
         noise = {"one_rank_spread_points": [100 * min(one["accuracy"]), 100 * max(one["accuracy"])],
                  "one_rank_sd_points": one["sd_points"], "test_images": test_images,
                  "sampling_error_points": sampling_error(one["mean"], test_images)}
-    return {"margin_points": margin, "alpha": ALPHA, "arms": arms, "noise_floor": noise, "unpaired": unpaired}
+    return {"margin_points": margin, "alpha": ALPHA, "arms": arms, "noise_floor": noise, "unpaired": unpaired,
+            "by_epoch": by_epoch}
+
+
+def stages(results: Dict[str, Dict[int, dict]], ranks: int, margin: float) -> List[dict]:
+    """Epoch by epoch, the 1-rank mean accuracy and each N-rank arm's paired difference to 1 rank, from the
+    accuracies evaluated after every epoch (`by_epoch`; only epochs that every paired seed evaluated)."""
+    rows = []
+    one = results[ONE_RANK]
+    epochs = sorted(set.intersection(*(set(r.get("by_epoch", {})) for r in one.values()))) if one else []
+    for epoch in epochs:
+        row = {"epoch": epoch, "one_rank_mean": statistics.fmean(r["by_epoch"][epoch] for r in one.values())}
+        for arm in arm_names(ranks)[1:]:
+            seeds = [s for s in paired_seeds(results, arm)[0] if epoch in results[arm][s].get("by_epoch", {})]
+            row[arm] = paired_difference([one[s]["by_epoch"][epoch] for s in seeds],
+                                         [results[arm][s]["by_epoch"][epoch] for s in seeds], margin)
+        rows.append(row)
+    return rows
+
+
+def epoch_accuracies(run_dir: str) -> Dict[int, float]:
+    """The accuracy evaluated after each epoch (the run's metrics.jsonl, `--eval_every_epochs`); an epoch run
+    again after a resume counts once, as it ended last."""
+    found = {}
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            for record in map(json.loads, f):
+                if record["kind"] == "epoch" and "val_accuracy" in record:
+                    found[record["epoch"]] = record["val_accuracy"]
+    return found
 
 
 def table(summary: dict, setup: str) -> str:
@@ -161,7 +195,22 @@ def table(summary: dict, setup: str) -> str:
                          f"+-{summary['margin_points']} needs about {diff['seeds_for_margin']} paired seeds.")
     if summary["unpaired"]:
         lines.append(f"Left out, not paired with the 1-rank run of their seed: {', '.join(summary['unpaired'])}.")
+    if summary["by_epoch"]:
+        arms = list(summary["arms"])[1:]
+        lines += ["", "By epoch: paired difference vs 1 rank, points [95% CI]", "",
+                  "| epoch | 1 rank, mean | " + " | ".join(arms) + " |", "|---|---|" + "---|" * len(arms)]
+        for row in summary["by_epoch"]:
+            cells = [epoch_cell(row[arm]) for arm in arms]
+            lines.append(f"| {row['epoch']} | {row['one_rank_mean']:.4f} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def epoch_cell(diff: dict) -> str:
+    """One arm's paired difference at one epoch: its mean and, from 2 seeds on, its 95% interval."""
+    if diff["mean"] is None:
+        return "-"
+    interval = f" [{diff['ci95'][0]:+.2f}, {diff['ci95'][1]:+.2f}]" if diff["ci95"] else ""
+    return f"{diff['mean']:+.2f}{interval}"
 
 
 def train_command(arm: str, ranks: int, seed: int, run_dir: str, args) -> List[str]:
@@ -192,7 +241,7 @@ def run_once(arm: str, seed: int, args) -> dict:
                            stdout=log, stderr=subprocess.STDOUT)
         print(f"ran {arm} seed {seed} in {time.perf_counter() - began:.0f} s", file=sys.stderr, flush=True)
     with open(result_path, encoding="utf-8") as f:
-        return json.load(f)
+        return json.load(f) | {"by_epoch": epoch_accuracies(run_dir)}
 
 
 def write_outputs(results: dict, args) -> dict:

@@ -13,7 +13,7 @@ ARMS = parity.arm_names(2)
 
 def _bench(data_dir, out):
     return parity.main(["--data_dir", data_dir, "--output_dir", str(out), "--config", TINY_CONFIG,
-                        "--seeds", "1,2", "--epochs", "1"])
+                        "--seeds", "1,2", "--epochs", "1", "--", "--eval_every_epochs", "1"])
 
 
 def _result(out, arm, seed):
@@ -41,6 +41,10 @@ def test_arms_are_paired_and_the_differences_are_the_runs(bench):
     with open(out / "parity.json") as f:
         assert json.load(f)["arms"] == summary["arms"]
     assert "| 2 ranks, sync_bn | 2 |" in (out / "parity.md").read_text()
+    # evaluated after every epoch: the one epoch's row is the final evaluation, paired the same way
+    [epoch] = summary["by_epoch"]
+    assert epoch["epoch"] == 1 and epoch["one_rank_mean"] == pytest.approx(summary["arms"][parity.ONE_RANK]["mean"])
+    assert epoch["2 ranks"]["mean"] == pytest.approx(summary["arms"]["2 ranks"]["vs_1_rank"]["mean"])
 
 
 @pytest.mark.slow

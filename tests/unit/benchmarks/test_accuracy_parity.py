@@ -2,6 +2,7 @@
 
 t quantiles from the printed tables: t(0.975, 4) = 2.7764, t(0.95, 4) = 2.1318, t(0.975, 2) = 4.3027.
 """
+import json
 import math
 
 import pytest
@@ -96,3 +97,36 @@ def test_the_table_says_which_margin_the_spread_could_decide_and_how_many_seeds_
                                 "2 ranks, sync_bn": {}}, 2, 0.5)
     assert "2 ranks: at this spread (sd 1.58 points over 5 seeds) the narrowest margin TOST could confirm is " \
            "+-1.51 points; +-0.5 needs about 29 paired seeds." in parity.table(summary, "setup")
+
+
+def test_by_epoch_pairs_each_epoch_and_the_table_shows_where_the_arms_part():
+    def run(final, epochs, **pairing):
+        return _result(final, **pairing) | {"by_epoch": dict(enumerate(epochs, start=1))}
+    # epoch 1: differences -4, -2 points (mean -3, sd sqrt(2), se 1, half-width 12.706); epoch 2: +1, -1 -> mean 0
+    results = {parity.ONE_RANK: {1: run(0.8, [0.50, 0.80]), 2: run(0.9, [0.60, 0.90])},
+               "2 ranks": {1: run(0.81, [0.46, 0.81]), 2: run(0.89, [0.58, 0.89])},
+               "2 ranks, sync_bn": {1: run(0.8, [0.50, 0.80]), 2: run(0.9, [0.55, 0.90], order="xyz")}}
+    rows = parity.summarize(results, ranks=2, margin=0.5)["by_epoch"]
+    assert [r["epoch"] for r in rows] == [1, 2]
+    assert rows[0]["one_rank_mean"] == pytest.approx(0.55)
+    first, second = rows[0]["2 ranks"], rows[1]["2 ranks"]
+    assert first["mean"] == pytest.approx(-3.0) and first["sd"] == pytest.approx(math.sqrt(2))
+    assert first["ci95"] == pytest.approx([-3 - 12.706, -3 + 12.706], abs=1e-2)
+    assert second["mean"] == pytest.approx(0.0)
+    # the unpaired sync_bn seed 2 is left out epoch by epoch too: one pair, no interval
+    assert rows[0]["2 ranks, sync_bn"]["pairs"] == 1 and rows[0]["2 ranks, sync_bn"]["ci95"] is None
+    text = parity.table(parity.summarize(results, ranks=2, margin=0.5), "setup")
+    assert "| epoch | 1 rank, mean | 2 ranks | 2 ranks, sync_bn |" in text
+    assert "| 1 | 0.5500 | -3.00 [-15.71, +9.71] | +0.00 |" in text
+
+
+def test_epoch_accuracies_read_the_metrics_and_a_resumed_epoch_counts_as_it_ended_last(tmp_path):
+    records = [{"kind": "run", "global_step": 0},
+               {"kind": "epoch", "epoch": 1, "val_accuracy": 0.4},
+               {"kind": "epoch", "epoch": 2, "val_accuracy": 0.5},
+               {"kind": "run", "global_step": 10},  # resumed from epoch 1's checkpoint: epoch 2 runs again
+               {"kind": "epoch", "epoch": 2, "val_accuracy": 0.6},
+               {"kind": "epoch", "epoch": 3, "train_loss": 0.5}]  # not evaluated
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert parity.epoch_accuracies(str(tmp_path)) == {1: 0.4, 2: 0.6}
+    assert parity.epoch_accuracies(str(tmp_path / "missing")) == {}
