@@ -59,14 +59,10 @@ def paired_difference(baseline: Sequence[float], arm: Sequence[float], margin: f
     mean = statistics.fmean(diffs) if diffs else None
     if n < 2:
         return {"pairs": n, "mean": mean, "sd": None, "ci95": None, "tost_p": None, "verdict": "inconclusive"}
-    sd = statistics.stdev(diffs)
-    se = sd / math.sqrt(n)
+    sd, se, (low, high) = t_interval(diffs)
     if se == 0.0:  # every seed moved by the same amount: the interval is that point
-        low = high = mean
         p_tost = 0.0 if -margin < mean < margin else 1.0
     else:
-        half = stats.t.ppf(1 - ALPHA / 2, n - 1) * se
-        low, high = mean - half, mean + half
         p_tost = max(stats.t.sf((mean + margin) / se, n - 1), stats.t.cdf((mean - margin) / se, n - 1))
     if p_tost < ALPHA:
         verdict = "equivalent"
@@ -78,6 +74,24 @@ def paired_difference(baseline: Sequence[float], arm: Sequence[float], margin: f
         verdict = "inconclusive"
     return {"pairs": n, "mean": mean, "sd": sd, "ci95": [low, high], "tost_p": p_tost, "verdict": verdict,
             "decidable_margin": stats.t.ppf(1 - ALPHA, n - 1) * se, "seeds_for_margin": seeds_for_margin(sd, margin)}
+
+
+def t_interval(diffs: Sequence[float]) -> tuple:
+    """sd, standard error and the 95% Student's t interval of the mean of 2 or more paired differences."""
+    n, mean, sd = len(diffs), statistics.fmean(diffs), statistics.stdev(diffs)
+    se = sd / math.sqrt(n)
+    half = stats.t.ppf(1 - ALPHA / 2, n - 1) * se
+    return sd, se, (mean - half, mean + half)
+
+
+def loss_difference(baseline: Sequence[dict], arm: Sequence[dict]) -> Optional[dict]:
+    """The arm's test loss minus the baseline's, seed by seed (their result.json): mean and 95% interval; None
+    under 2 pairs or without losses. A loss that rises where accuracy falls says the arm fits worse, not only
+    that its close calls fell the other way."""
+    if len(arm) < 2 or not all("loss" in run for run in [*baseline, *arm]):
+        return None
+    diffs = [b["loss"] - a["loss"] for a, b in zip(baseline, arm)]
+    return {"mean": statistics.fmean(diffs), "ci95": list(t_interval(diffs)[2])}
 
 
 def seeds_for_margin(sd: float, margin: float, most: int = 100000) -> int:
@@ -123,6 +137,8 @@ def summarize(results: Dict[str, Dict[int, dict]], ranks: int, margin: float) ->
                "sd_points": 100 * statistics.stdev(accs) if len(accs) > 1 else None}
         if arm != ONE_RANK:
             row["vs_1_rank"] = paired_difference([results[ONE_RANK][s]["accuracy"] for s in seeds], accs, margin)
+            row["loss_vs_1_rank"] = loss_difference([results[ONE_RANK][s] for s in seeds],
+                                                    [results[arm][s] for s in seeds])
         arms[arm] = row
     one = arms[ONE_RANK]
     by_epoch = stages(results, ranks, margin)
@@ -193,6 +209,10 @@ def table(summary: dict, setup: str) -> str:
             lines.append(f"{arm}: at this spread (sd {diff['sd']:.2f} points over {diff['pairs']} seeds) the "
                          f"narrowest margin TOST could confirm is +-{diff['decidable_margin']:.2f} points; "
                          f"+-{summary['margin_points']} needs about {diff['seeds_for_margin']} paired seeds.")
+        loss = row.get("loss_vs_1_rank")
+        if loss:
+            lines.append(f"{arm}: test loss vs 1 rank {loss['mean']:+.4f} [{loss['ci95'][0]:+.4f}, "
+                         f"{loss['ci95'][1]:+.4f}] (95% CI).")
     if summary["unpaired"]:
         lines.append(f"Left out, not paired with the 1-rank run of their seed: {', '.join(summary['unpaired'])}.")
     if summary["by_epoch"]:

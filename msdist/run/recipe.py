@@ -8,8 +8,9 @@ One review, shared by the start-up of `msdist.train` (its warnings logged once, 
   lines 23-30, `Conv2dFwdGpuKernelMod::GetFuncList`, commit 384f67e7), so an O2/O3 bfloat16 ResNet fails
   at kernel selection, after the ranks have started and compiled;
 * warned (`recipe_warnings`): a recipe that runs but trains badly. BatchNorm normalizes over each
-  rank's own images unless `sync_bn` is on, and under 16 images its batch statistics are noise (the
-  seed's 32 images over 8 GPUs leave 4); a fixed loss scale other than 1 where float16 carries
+  rank's own images unless `sync_bn` is on: under 16 images its batch statistics are noise (the
+  seed's 32 images over 8 GPUs leave 4), and up to 64 it measured a gap to one card that SyncBN
+  closed (the warning gives the figures); a fixed loss scale other than 1 where float16 carries
   gradients stops the run at its first overflow, which a dynamic scale skips instead.
 """
 from typing import List
@@ -22,6 +23,15 @@ from msdist.run import options, run_plan
 # Below this many images per rank, per-rank BatchNorm statistics are too noisy to train well: the
 # smallest per-GPU batch that torchvision's and timm's ResNet recipes use without SyncBatchNorm.
 MIN_BN_BATCH = 16
+NOISY_BN_COST = "at 2 images per rank a measured run lost 33 accuracy points to one card"
+# Up to this many images per rank, per-rank BatchNorm measured a gap to one card that SyncBN closed: the
+# paired-seed parity benchmark at 64 (docs/accuracy_parity.md, "Where the gap is"). Above it nothing was
+# measured, and published ImageNet recipes train per-GPU BatchNorm over 32 and more to one card's accuracy.
+MEASURED_BN_BATCH = 64
+MEASURED_BN_COST = ("at 64 images per rank, per-rank BatchNorm measured 1.8 accuracy points below one card (95% CI "
+                    "-3.9..+0.3) and a higher test loss on every seed (ResNet-18, 8 epochs, 5 paired seeds; "
+                    "docs/accuracy_parity.md); --sync_bn true matched one card there for about 7% of a 2-rank CPU "
+                    "step")
 
 
 def check_amp_dtype(amp_level: str, amp_dtype: str, device_target: str) -> None:
@@ -47,19 +57,26 @@ def recipe_warnings(plan: options.StepPlan, *, batch_size: int, world_size: int,
         plan: the train step's plan (`options.step_plan`): its micro-batch is what each rank's BatchNorm
             normalizes over, its loss scale the resolved one.
     """
-    found = []
-    if world_size > 1 and not sync_bn and plan.micro_batch < MIN_BN_BATCH:
-        accum = f" / {plan.accum_steps} micro-batches" if plan.accum_steps > 1 else ""
-        found.append(f"BatchNorm sees {plan.micro_batch} images per rank (batch_size {batch_size} / {world_size} "
-                     f"ranks{accum}), under {MIN_BN_BATCH}: its statistics are noise; raise --batch_size to at "
-                     f"least {MIN_BN_BATCH * world_size * plan.accum_steps} or pass --sync_bn true")
+    found = [bn_warning(plan, batch_size, world_size)] if world_size > 1 and not sync_bn else []
     # `auto` scales dynamically exactly where float16 carries gradients (engine/precision.py's rule)
     float16_grads = precision.loss_scale_plan("auto", plan.amp_level, plan.amp_dtype, plan.grad_compression).dynamic
     if float16_grads and not plan.loss_scale.dynamic and plan.loss_scale.initial != 1:
         found.append(f"float16 gradients with the fixed loss scale {plan.loss_scale.initial:g}: the run stops at its "
                      "first overflow; use --loss_scale auto (dynamic: an overflowing step is skipped and the scale "
                      "halved)")
-    return found
+    return [line for line in found if line]
+
+
+def bn_warning(plan: options.StepPlan, batch_size: int, world_size: int) -> str:
+    """What per-rank BatchNorm over this micro-batch costs, as measured, and the fix; "" above the measured range."""
+    if plan.micro_batch > MEASURED_BN_BATCH:
+        return ""
+    accum = f" / {plan.accum_steps} micro-batches" if plan.accum_steps > 1 else ""
+    seen = f"BatchNorm sees {plan.micro_batch} images per rank (batch_size {batch_size} / {world_size} ranks{accum})"
+    if plan.micro_batch < MIN_BN_BATCH:
+        return (f"{seen}, under {MIN_BN_BATCH}: its statistics are noise ({NOISY_BN_COST}); raise --batch_size "
+                f"to at least {MIN_BN_BATCH * world_size * plan.accum_steps} or pass --sync_bn true")
+    return f"{seen}: {MEASURED_BN_COST}"
 
 
 def review(run: run_plan.RunPlan) -> List[str]:

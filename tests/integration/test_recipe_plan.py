@@ -51,6 +51,7 @@ def test_training_warns_once_from_rank_0(tmp_path):
                       timeout=600)
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "BatchNorm sees" in line]
     assert lines == ["warning: BatchNorm sees 8 images per rank (batch_size 16 / 2 ranks), under 16: its statistics "
-                     "are noise; raise --batch_size to at least 32 or pass --sync_bn true"], lines
+                     f"are noise ({recipe.NOISY_BN_COST}); raise --batch_size to at least 32 or pass --sync_bn "
+                     "true"], lines
     for rank in (0, 1):
         assert "BatchNorm sees 8 images per rank" in (tmp_path / "logs" / f"rank_{rank}.log").read_text()

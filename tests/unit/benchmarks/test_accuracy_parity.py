@@ -130,3 +130,17 @@ def test_epoch_accuracies_read_the_metrics_and_a_resumed_epoch_counts_as_it_ende
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     assert parity.epoch_accuracies(str(tmp_path)) == {1: 0.4, 2: 0.6}
     assert parity.epoch_accuracies(str(tmp_path / "missing")) == {}
+
+
+def test_the_test_loss_difference_and_its_interval():
+    # loss differences +0.1, +0.3 (mean 0.2, sd sqrt(0.02), se 0.1, half-width 12.706 * 0.1)
+    results = {parity.ONE_RANK: {1: _result(0.8) | {"loss": 1.0}, 2: _result(0.9) | {"loss": 0.5}},
+               "2 ranks": {1: _result(0.8) | {"loss": 1.1}, 2: _result(0.9) | {"loss": 0.8}},
+               "2 ranks, sync_bn": {1: _result(0.8) | {"loss": 1.0}}}
+    summary = parity.summarize(results, ranks=2, margin=0.5)
+    loss = summary["arms"]["2 ranks"]["loss_vs_1_rank"]
+    assert loss["mean"] == pytest.approx(0.2) and loss["ci95"] == pytest.approx([0.2 - 1.2706, 0.2 + 1.2706], abs=1e-3)
+    assert summary["arms"]["2 ranks, sync_bn"]["loss_vs_1_rank"] is None  # one pair: no interval
+    assert "2 ranks: test loss vs 1 rank +0.2000 [-1.0706, +1.4706] (95% CI)." in parity.table(summary, "setup")
+    no_loss = {arm: {s: _result(0.8) for s in (1, 2)} for arm in results}
+    assert parity.summarize(no_loss, ranks=2, margin=0.5)["arms"]["2 ranks"]["loss_vs_1_rank"] is None

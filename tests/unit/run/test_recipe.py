@@ -23,9 +23,12 @@ def _warnings(batch_size=1024, world_size=8, grad_accum_steps=1, sync_bn=False, 
 @pytest.mark.parametrize("case, warned", [
     (dict(), False),                                              # the GPU recipe: 128 per rank
     (dict(batch_size=32), True),                                  # the seed on 8 GPUs: 4 per rank
-    (dict(batch_size=128), False),                                # 16 per rank: enough
+    (dict(batch_size=128), True),                                 # 16 per rank: the measured gap's range
+    (dict(batch_size=512), True),                                 # 64 per rank: where the gap was measured
+    (dict(batch_size=520), False),                                # 65 per rank: past the measured range
     (dict(batch_size=120), True),                                 # 15 per rank
     (dict(batch_size=256, grad_accum_steps=4), True),             # 32 per rank, 8 per micro-batch
+    (dict(batch_size=1024, grad_accum_steps=4), True),            # 128 per rank, 32 per micro-batch
     (dict(batch_size=32, sync_bn=True), False),                   # statistics over the global batch
     (dict(batch_size=4, world_size=1), False),                    # one rank: its batch is the global batch
 ])
@@ -37,7 +40,15 @@ def test_bn_batch_warning(case, warned):
 def test_bn_warning_names_the_numbers_and_both_fixes():
     (line,) = _warnings(batch_size=256, grad_accum_steps=4)
     assert line == ("BatchNorm sees 8 images per rank (batch_size 256 / 8 ranks / 4 micro-batches), under 16: its "
-                    "statistics are noise; raise --batch_size to at least 512 or pass --sync_bn true")
+                    f"statistics are noise ({recipe.NOISY_BN_COST}); raise --batch_size to at least 512 or pass "
+                    "--sync_bn true")
+
+
+def test_bn_warning_between_16_and_64_images_gives_the_measured_gap_and_what_sync_bn_costs():
+    (line,) = _warnings(batch_size=128, world_size=2)
+    assert line == f"BatchNorm sees 64 images per rank (batch_size 128 / 2 ranks): {recipe.MEASURED_BN_COST}"
+    assert "--sync_bn true" in recipe.MEASURED_BN_COST and "of a 2-rank CPU step" in recipe.MEASURED_BN_COST
+    assert _warnings(batch_size=130, world_size=2) == []  # 65 per rank
 
 
 @pytest.mark.parametrize("case, warned", [
