@@ -36,6 +36,20 @@ def test_plan_prints_the_start_up_warnings_on_rank_0_only(tmp_path):
             config.parse(["--config", SEED_CONFIG, "--loss_scale", "1024"]), 8, "GPU")) if rank == 0 else [])
 
 
+def test_plan_gives_the_measured_gap_between_16_and_64_images_per_rank(tmp_path):
+    """The seed recipe's batch of 32 on 2 CPU ranks: 16 images per rank, inside the range where a gap to one card
+    was measured; with --sync_bn true the line is gone."""
+    ompi = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMMAND": "python",
+            "OMPI_MCA_ess_base_jobid": "78", "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+            "PMIX_RANK": "0"}
+    proc = _plan("--output_dir", str(tmp_path / "o"), **ompi)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"[rank 0] warning: BatchNorm sees 16 images per rank (batch_size 32 / 2 ranks): " \
+           f"{recipe.MEASURED_BN_COST}" in proc.stdout.splitlines()
+    proc = _plan("--output_dir", str(tmp_path / "o"), "--sync_bn", "true", **ompi)
+    assert proc.returncode == 0 and "BatchNorm sees" not in proc.stdout, proc.stderr[-2000:]
+
+
 def test_plan_refuses_bfloat16_on_gpu_in_one_line(tmp_path):
     proc = _plan("--amp_dtype", "bfloat16", "--host_root", _gpu_host(tmp_path))
     assert proc.returncode == 2 and not proc.stdout.strip()
