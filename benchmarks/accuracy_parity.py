@@ -34,6 +34,10 @@ from typing import Dict, List, Optional, Sequence
 from scipy import stats
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from msdist import report  # noqa: E402  after the path: this checkout's msdist
+from msdist.run.metrics import METRICS_FILE  # noqa: E402
 ALPHA = 0.05
 ONE_RANK = "1 rank"
 
@@ -141,7 +145,7 @@ def summarize(results: Dict[str, Dict[int, dict]], ranks: int, margin: float) ->
                                                     [results[arm][s] for s in seeds])
         arms[arm] = row
     one = arms[ONE_RANK]
-    by_epoch = stages(results, ranks, margin)
+    by_epoch = stages(results, {arm: row["seeds"] for arm, row in arms.items() if arm != ONE_RANK}, margin)
     noise = {}
     if one["accuracy"]:
         test_images = next(iter(results[ONE_RANK].values()))["num_samples"]
@@ -152,16 +156,17 @@ def summarize(results: Dict[str, Dict[int, dict]], ranks: int, margin: float) ->
             "by_epoch": by_epoch}
 
 
-def stages(results: Dict[str, Dict[int, dict]], ranks: int, margin: float) -> List[dict]:
-    """Epoch by epoch, the 1-rank mean accuracy and each N-rank arm's paired difference to 1 rank, from the
-    accuracies evaluated after every epoch (`by_epoch`; only epochs that every paired seed evaluated)."""
-    rows = []
+def stages(results: Dict[str, Dict[int, dict]], paired: Dict[str, List[int]], margin: float) -> List[dict]:
+    """Epoch by epoch, the 1-rank mean accuracy and each N-rank arm's paired difference to 1 rank (over its
+    `paired` seeds that evaluated that epoch), from the accuracies evaluated after every epoch (`by_epoch`); the
+    epochs are those every 1-rank run evaluated."""
     one = results[ONE_RANK]
     epochs = sorted(set.intersection(*(set(r.get("by_epoch", {})) for r in one.values()))) if one else []
+    rows = []
     for epoch in epochs:
         row = {"epoch": epoch, "one_rank_mean": statistics.fmean(r["by_epoch"][epoch] for r in one.values())}
-        for arm in arm_names(ranks)[1:]:
-            seeds = [s for s in paired_seeds(results, arm)[0] if epoch in results[arm][s].get("by_epoch", {})]
+        for arm, seeds in paired.items():
+            seeds = [s for s in seeds if epoch in results[arm][s].get("by_epoch", {})]
             row[arm] = paired_difference([one[s]["by_epoch"][epoch] for s in seeds],
                                          [results[arm][s]["by_epoch"][epoch] for s in seeds], margin)
         rows.append(row)
@@ -169,16 +174,11 @@ def stages(results: Dict[str, Dict[int, dict]], ranks: int, margin: float) -> Li
 
 
 def epoch_accuracies(run_dir: str) -> Dict[int, float]:
-    """The accuracy evaluated after each epoch (the run's metrics.jsonl, `--eval_every_epochs`); an epoch run
-    again after a resume counts once, as it ended last."""
-    found = {}
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            for record in map(json.loads, f):
-                if record["kind"] == "epoch" and "val_accuracy" in record:
-                    found[record["epoch"]] = record["val_accuracy"]
-    return found
+    """The accuracy evaluated after each epoch (the run's metrics.jsonl, `--eval_every_epochs`, read by
+    `msdist.report`); an epoch run again after a resume counts once, as it ended last."""
+    if not os.path.isfile(os.path.join(run_dir, METRICS_FILE)):
+        return {}
+    return {e["epoch"]: e["val_accuracy"] for e in report.load_run(run_dir).epochs if "val_accuracy" in e}
 
 
 def table(summary: dict, setup: str) -> str:
@@ -192,7 +192,7 @@ def table(summary: dict, setup: str) -> str:
         if diff is None or diff["mean"] is None:
             cells = ["-", "-", "-", "-"]
         else:
-            ci = f"[{diff['ci95'][0]:+.2f}, {diff['ci95'][1]:+.2f}]" if diff["ci95"] else "-"
+            ci = interval(diff["ci95"]) if diff["ci95"] else "-"
             p = f"{diff['tost_p']:.3f}" if diff["tost_p"] is not None else "-"
             cells = [f"{diff['mean']:+.2f}", ci, p, diff["verdict"]]
         lines.append(f"| {arm} | {len(row['seeds'])} | {mean} | " + " | ".join(cells) + " |")
@@ -211,8 +211,7 @@ def table(summary: dict, setup: str) -> str:
                          f"+-{summary['margin_points']} needs about {diff['seeds_for_margin']} paired seeds.")
         loss = row.get("loss_vs_1_rank")
         if loss:
-            lines.append(f"{arm}: test loss vs 1 rank {loss['mean']:+.4f} [{loss['ci95'][0]:+.4f}, "
-                         f"{loss['ci95'][1]:+.4f}] (95% CI).")
+            lines.append(f"{arm}: test loss vs 1 rank {loss['mean']:+.4f} {interval(loss['ci95'], 4)} (95% CI).")
     if summary["unpaired"]:
         lines.append(f"Left out, not paired with the 1-rank run of their seed: {', '.join(summary['unpaired'])}.")
     if summary["by_epoch"]:
@@ -229,8 +228,11 @@ def epoch_cell(diff: dict) -> str:
     """One arm's paired difference at one epoch: its mean and, from 2 seeds on, its 95% interval."""
     if diff["mean"] is None:
         return "-"
-    interval = f" [{diff['ci95'][0]:+.2f}, {diff['ci95'][1]:+.2f}]" if diff["ci95"] else ""
-    return f"{diff['mean']:+.2f}{interval}"
+    return f"{diff['mean']:+.2f}" + (f" {interval(diff['ci95'])}" if diff["ci95"] else "")
+
+
+def interval(ci: Sequence[float], digits: int = 2) -> str:
+    return f"[{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]"
 
 
 def train_command(arm: str, ranks: int, seed: int, run_dir: str, args) -> List[str]:

@@ -13,7 +13,7 @@ One review, shared by the start-up of `msdist.train` (its warnings logged once, 
   closed (the warning gives the figures); a fixed loss scale other than 1 where float16 carries
   gradients stops the run at its first overflow, which a dynamic scale skips instead.
 """
-from typing import List
+from typing import List, Optional
 
 from msdist.base import launch_env
 from msdist.base.errors import ConfigError
@@ -57,20 +57,22 @@ def recipe_warnings(plan: options.StepPlan, *, batch_size: int, world_size: int,
         plan: the train step's plan (`options.step_plan`): its micro-batch is what each rank's BatchNorm
             normalizes over, its loss scale the resolved one.
     """
-    found = [bn_warning(plan, batch_size, world_size)] if world_size > 1 and not sync_bn else []
+    bn = bn_warning(plan, batch_size, world_size) if world_size > 1 and not sync_bn else None
+    found = [bn] if bn else []
     # `auto` scales dynamically exactly where float16 carries gradients (engine/precision.py's rule)
     float16_grads = precision.loss_scale_plan("auto", plan.amp_level, plan.amp_dtype, plan.grad_compression).dynamic
     if float16_grads and not plan.loss_scale.dynamic and plan.loss_scale.initial != 1:
         found.append(f"float16 gradients with the fixed loss scale {plan.loss_scale.initial:g}: the run stops at its "
                      "first overflow; use --loss_scale auto (dynamic: an overflowing step is skipped and the scale "
                      "halved)")
-    return [line for line in found if line]
+    return found
 
 
-def bn_warning(plan: options.StepPlan, batch_size: int, world_size: int) -> str:
-    """What per-rank BatchNorm over this micro-batch costs, as measured, and the fix; "" above the measured range."""
+def bn_warning(plan: options.StepPlan, batch_size: int, world_size: int) -> Optional[str]:
+    """What per-rank BatchNorm over this micro-batch costs, as measured, and the fix; None above the measured
+    range."""
     if plan.micro_batch > MEASURED_BN_BATCH:
-        return ""
+        return None
     accum = f" / {plan.accum_steps} micro-batches" if plan.accum_steps > 1 else ""
     seen = f"BatchNorm sees {plan.micro_batch} images per rank (batch_size {batch_size} / {world_size} ranks{accum})"
     if plan.micro_batch < MIN_BN_BATCH:

@@ -121,10 +121,11 @@ def test_by_epoch_pairs_each_epoch_and_the_table_shows_where_the_arms_part():
 
 
 def test_epoch_accuracies_read_the_metrics_and_a_resumed_epoch_counts_as_it_ended_last(tmp_path):
-    records = [{"kind": "run", "global_step": 0},
+    records = [{"kind": "run", "global_step": 0, "world_size": 1},
                {"kind": "epoch", "epoch": 1, "val_accuracy": 0.4},
                {"kind": "epoch", "epoch": 2, "val_accuracy": 0.5},
-               {"kind": "run", "global_step": 10},  # resumed from epoch 1's checkpoint: epoch 2 runs again
+               # resumed from epoch 1's checkpoint: epoch 2 runs again
+               {"kind": "run", "global_step": 10, "world_size": 1},
                {"kind": "epoch", "epoch": 2, "val_accuracy": 0.6},
                {"kind": "epoch", "epoch": 3, "train_loss": 0.5}]  # not evaluated
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
